@@ -133,3 +133,42 @@ def test_the_cpu_keeps_onnxruntimes_bert_ops():
     result = graphopt.optimize(_ort_bert(), target="cpu")
     assert {f"{MS}::Attention", f"{MS}::EmbedLayerNormalization"} <= {
         n.qualified_op for n in result.model.graph}
+
+
+def _group_norm(opset: int, groups: int = 4, channels: int = 8):
+    rng = np.random.default_rng(3)
+    return parse_model(f"""
+g (float[2, {channels}, 6, 5] x) => (float[2, {channels}, 6, 5] y) {{
+  c = Conv <pads = [1, 1, 1, 1]> (x, w)
+  n = GroupNormalization <num_groups = {groups}, epsilon = 0.001> (c, scale, bias)
+  y = Relu(n)
+}}""", header=f'<ir_version: {10 if opset >= 21 else 8}, opset_import: ["" : {opset}]>\n',
+        w=(rng.standard_normal((channels, channels, 3, 3)) * 0.3).astype(np.float32),
+        scale=rng.uniform(0.5, 1.5, channels).astype(np.float32),
+        bias=rng.uniform(-0.5, 0.5, channels).astype(np.float32))
+
+
+def test_group_normalization_becomes_instance_normalization_where_no_kernel_runs_it():
+    # onnxruntime's CPU provider has no GroupNormalization kernel (it expands the ONNX
+    # function, about 30 ops), nor do the NPU profiles: the InstanceNormalization form, as
+    # TorchScript exports group_norm, runs on both.
+    proto = _group_norm(21)
+    for target in (None, "ascend310"):
+        result = graphopt.optimize(proto, target=target)
+        ops = [n.op_type for n in result.model.graph]
+        assert "GroupNormalization" not in ops and "InstanceNormalization" in ops, ops
+        if target:
+            assert [p.device for p in result.partitioning.partitions] == ["npu"]
+        x = np.random.default_rng(5).standard_normal((2, 8, 6, 5)).astype(np.float32)
+        np.testing.assert_allclose(numerics.run(result.to_onnx(), {"x": x})["y"],
+                                   numerics.run(proto, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_group_normalization_is_typed_without_the_models_value_info():
+    # ONNX's inference types no GroupNormalization (a function op): without value_info the
+    # values after it had no shape, and an NPU compile called the static model dynamic.
+    proto = _group_norm(21)
+    del proto.graph.value_info[:]
+    result = graphopt.optimize(proto, target="ascend910b", disable_passes=["ExpandForDevice"])
+    values = {v.name: v for v in result.model.graph.all_values()}
+    assert values["n"].shape == (2, 8, 6, 5)

@@ -142,8 +142,10 @@ def _carry_through_contrib_ops(model: Model) -> int:
             out = node.outputs[0] if node.outputs else None
             if out is None or out.type_proto is not None:
                 continue
-            dtype = source.dtype
-            if node.domain in ("", "ai.onnx"):
+            dtype, shape = source.dtype, source.shape
+            if node.domain in ("", "ai.onnx") and node.op_type == "GroupNormalization":
+                pass  # onnx 1.23 has no inference for this function op: Y is X's type and shape
+            elif node.domain in ("", "ai.onnx"):
                 # onnxruntime's own RMSNorm in the default domain (its optimizer's and
                 # FuseLayerNorm's below opset 23): Y has X's shape and the scale's dtype.
                 if node.op_type != "SimplifiedLayerNormalization" or len(node.inputs) < 2 \

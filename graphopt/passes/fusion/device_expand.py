@@ -1,6 +1,5 @@
-"""ExpandForDevice: an op the target's NPU has no kernel for, written as the ops of its ONNX
-function body where the NPU has all of those, so it stays on the device instead of sending its
-neighbourhood to the host.
+"""ExpandForDevice: an op the device that would run it has no kernel for, written as other ops
+it has, so it stays on the device instead of sending its neighbourhood to the host.
 
     Mish(x)  →  x · Tanh(Softplus(x))        (ONNX's own definition of Mish, opset 18)
 
@@ -9,7 +8,9 @@ ONNX operator list has Softplus, Tanh and Mul but no Mish, and a YOLOv4-style ba
 `ascend310` went to the host whole, each Mish an island boundary. The expansion is the
 operator's definition, computed by other kernels: on the CPU stand-in within float32
 rounding of onnxruntime's Mish kernel. A target whose NPU has the op, a CPU target, and a
-compile without a target keep it.
+compile without a target keep it. GroupNormalization (group_norm.py) is expanded for the CPU
+too, whose onnxruntime has no kernel for it; onnxruntime's BERT ops (device_expand_bert.py)
+for an NPU without them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from graphopt.passes.base import register
 from graphopt.passes.fusion.device_expand_bert import (AttentionAsMatMuls, EmbedLayerNormAsGathers,
                                                        MaskIndexCounted)
 from graphopt.passes.fusion.device_kernels import npu_lacks
+from graphopt.passes.fusion.group_norm import GroupNormAsInstanceNorm
 from graphopt.passes.rules import Rule, RulePass
 
 
@@ -41,9 +43,10 @@ class MishAsSoftplusTanh(Rule):
 @register
 class ExpandForDevice(RulePass):
     name = "ExpandForDevice"
-    description = ("rewrite ops the target's NPU lacks (Mish; onnxruntime's Attention and "
-                   "EmbedLayerNormalization) in ONNX ops when the NPU has every op they take")
-    rules = (MishAsSoftplusTanh, AttentionAsMatMuls, MaskIndexCounted, EmbedLayerNormAsGathers)
+    description = ("rewrite ops the device running them lacks (Mish, GroupNormalization; "
+                   "onnxruntime's Attention and EmbedLayerNormalization) in ONNX ops it has")
+    rules = (MishAsSoftplusTanh, AttentionAsMatMuls, MaskIndexCounted, EmbedLayerNormAsGathers,
+             GroupNormAsInstanceNorm)
 
 
 __all__ = ["ExpandForDevice"]
