@@ -129,7 +129,7 @@ def _ops(part: Partition) -> str:
     counts = part.op_counts().most_common()
     shown = ", ".join(f"{op}={n}" for op, n in counts[:_TOP_OPS])
     rest = sum(n for _, n in counts[_TOP_OPS:])
-    return f"{shown}, +{rest}" if rest else shown
+    return f"{shown}, +{rest} more nodes" if rest else shown
 
 
 def _bytes(value) -> int | None:
