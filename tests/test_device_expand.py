@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from helpers import parse_model
 
 import graphopt
@@ -172,3 +173,33 @@ def test_group_normalization_is_typed_without_the_models_value_info():
     result = graphopt.optimize(proto, target="ascend910b", disable_passes=["ExpandForDevice"])
     values = {v.name: v for v in result.model.graph.all_values()}
     assert values["n"].shape == (2, 8, 6, 5)
+
+
+def _onnx_attention(mask: str = "", causal: int = 0):
+    """ONNX's Attention (opset 23) over [B, N, S, H] heads, as the dynamo exporter writes
+    scaled_dot_product_attention there: no mask, an additive float mask or a bool one."""
+    types = {"": "", "float": ", float[1, 1, 5, 5] m", "bool": ", bool[1, 1, 5, 5] m"}[mask]
+    return parse_model(f"""
+g (float[2, 3, 5, 4] q, float[2, 3, 5, 4] k, float[2, 3, 5, 4] v{types}) => (float[2, 3, 5, 4] y) {{
+  a = Attention <is_causal = {causal}> (q, k, v{", m" if mask else ""})
+  y = Relu(a)
+}}""", header='<ir_version: 11, opset_import: ["" : 23]>\n')
+
+
+@pytest.mark.parametrize("mask, causal", [("", 0), ("", 1), ("float", 0)])
+def test_onnx_attention_runs_on_an_npu_as_matmuls(mask, causal):
+    proto = _onnx_attention(mask, causal)
+    result = graphopt.optimize(proto, target="ascend310")
+    assert "Attention" not in [n.op_type for n in result.model.graph]
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]
+    feeds = numerics.random_feeds(proto, seed=2)
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
+                               numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_attention_with_a_bool_mask_or_on_the_cpu_stays():
+    result = graphopt.optimize(_onnx_attention("bool"), target="ascend310",
+                               trace_rules=["OnnxAttentionAsMatMuls"])
+    assert "Attention" in [n.op_type for n in result.model.graph]
+    assert any("is not additive" in line for line in result.traces), result.traces
+    assert "Attention" in [n.op_type for n in graphopt.optimize(_onnx_attention()).model.graph]

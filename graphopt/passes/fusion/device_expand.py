@@ -21,6 +21,7 @@ from graphopt.passes.fusion.device_expand_bert import (AttentionAsMatMuls, Embed
                                                        MaskIndexCounted)
 from graphopt.passes.fusion.device_kernels import npu_lacks
 from graphopt.passes.fusion.group_norm import GroupNormAsInstanceNorm
+from graphopt.passes.fusion.onnx_attention import OnnxAttentionAsMatMuls
 from graphopt.passes.rules import Rule, RulePass
 
 
@@ -43,10 +44,11 @@ class MishAsSoftplusTanh(Rule):
 @register
 class ExpandForDevice(RulePass):
     name = "ExpandForDevice"
-    description = ("rewrite ops the device running them lacks (Mish, GroupNormalization; "
-                   "onnxruntime's Attention and EmbedLayerNormalization) in ONNX ops it has")
+    description = ("rewrite ops the device running them lacks (Mish, GroupNormalization, "
+                   "Attention; onnxruntime's Attention and EmbedLayerNormalization) in ONNX ops "
+                   "it has")
     rules = (MishAsSoftplusTanh, AttentionAsMatMuls, MaskIndexCounted, EmbedLayerNormAsGathers,
-             GroupNormAsInstanceNorm)
+             GroupNormAsInstanceNorm, OnnxAttentionAsMatMuls)
 
 
 __all__ = ["ExpandForDevice"]

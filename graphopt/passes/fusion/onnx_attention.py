@@ -1,0 +1,68 @@
+"""ONNX's own Attention (opset 23), as the dynamo exporter writes scaled_dot_product_attention
+from opset 23 on, in MatMul and Softmax for an NPU without a kernel for it (ExpandForDevice):
+
+    Attention(Q, K, V, M)  →  Softmax(Q · Kᵀ · scale + M) · V        Q, K, V [B, N, S, H]
+
+for the form without past keys, soft-capping or a second output, with K and V of Q's heads,
+and with no mask, an additive float mask, or `is_causal` over as many keys as queries (a
+constant -inf above the diagonal, as the spec's upper-left alignment gives). A boolean mask
+stays: a row it masks whole comes out as onnxruntime's kernel decides. A diffusers VAE
+decoder exported at opset 23 kept its attention block and 33 of its 124 nodes on the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphopt.ir import DType
+from graphopt.ir.pattern import Optional, Var
+from graphopt.passes.fusion.device_kernels import npu_lacks
+from graphopt.passes.rules import Rule
+
+_BODY = ("MatMul", "Transpose", "Mul", "Add", "Softmax")
+
+
+class OnnxAttentionAsMatMuls(Rule):
+    """Attention-23 over [B, N, S, H] heads → MatMul, scale, mask, Softmax, MatMul."""
+
+    dtypes = (DType.FLOAT, DType.FLOAT16)
+
+    def pattern(self, op, q, k, v):
+        return op.Attention(q, k, v, Optional(Var("mask")), _name="attention")
+
+    def unsupported(self, root, target=None):
+        return npu_lacks(target, root, "Attention", _BODY) or super().unsupported(root, target)
+
+    def check(self, q, k, v, attention, mask=None, **_):
+        if len([x for x in attention.inputs if x is not None]) > 3 + (mask is not None):
+            return "it reads past keys and values"
+        if any(x is not None and x.uses for x in attention.outputs[1:]):
+            return "its present keys or its scores are read"
+        if float(attention.attr("softcap", 0.0)) or int(attention.attr("qk_matmul_output_mode", 0)):
+            return "it soft-caps its scores or returns them"
+        shapes = [x.shape for x in (q, k, v)]
+        if any(s is None or len(s) != 4 for s in shapes):
+            return "Q, K and V are not [B, N, S, H] heads"
+        if shapes[0][1] != shapes[1][1] or shapes[1][1] != shapes[2][1] \
+                or not isinstance(shapes[0][3], int):
+            return "K and V have other heads than Q (grouped-query), or the head size is open"
+        if mask is not None and mask.dtype != q.dtype:
+            return f"its mask %{mask.name} is not additive (a {mask.dtype} mask)"
+        if int(attention.attr("is_causal", 0)) and not (
+                isinstance(shapes[0][2], int) and shapes[0][2] == shapes[1][2]):
+            return "causal over another number of keys than queries, or at an open length"
+        return None
+
+    def rewrite(self, op, q, k, v, attention, mask=None, **_):
+        size = q.shape[3]
+        scale = attention.attr("scale") or 1.0 / np.sqrt(size)
+        dtype = q.dtype.numpy
+        scores = op.Mul(op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2])),
+                        op.const(np.array(scale, dtype)))
+        if mask is not None:
+            scores = op.Add(scores, mask)
+        if int(attention.attr("is_causal", 0)):
+            length = q.shape[2]
+            above = np.triu(np.full((length, length), -np.inf, dtype), 1)
+            scores = op.Add(scores, op.const(above))
+        return op.MatMul(op.Softmax(scores, axis=-1), v)
