@@ -1434,8 +1434,9 @@ def _module_cross_attention(batch_first: bool):
   {name}r = Reshape({name}b, split_{length})
   {name}t = Transpose <perm = [1, 0, 2]> ({name}r)
   {name}4 = Reshape({name}t, heads_{length})"""
-    swap_in = "\n  qs = Transpose <perm = [1, 0, 2]> (query)\n  ms = Transpose <perm = [1, 0, 2]> " \
-              "(memory)" if batch_first else "\n  qs = Identity(query)\n  ms = Identity(memory)"
+    swap_in = ("\n  qs = Transpose <perm = [1, 0, 2]> (query)"
+               "\n  ms = Transpose <perm = [1, 0, 2]> (memory)") if batch_first \
+        else "\n  qs = Identity(query)\n  ms = Identity(memory)"
     swap_out = "y = Transpose <perm = [1, 0, 2]> (ys)" if batch_first else "y = Identity(ys)"
     text = f"""
 g (float{io(L)} query, float{io(T)} memory) => (float{io(L)} y) {{{swap_in}{heads("q", "qs", L)}

@@ -843,7 +843,8 @@ g (float[{dims}] x) => (float[{dims}] y) {{
   {scale}
   m = Mul(gamma, n)
   y = Add(m, beta)
-}}""", header='<ir_version: 8, opset_import: ["" : 18]>\n', axes=np.array(axes, np.int64), two=np.array(2.0, np.float32),
+}}""", header='<ir_version: 8, opset_import: ["" : 18]>\n', axes=np.array(axes, np.int64),
+        two=np.array(2.0, np.float32),
         eps=np.array(1e-6, np.float32),
         gamma=rng.uniform(0.5, 1.5, gamma_shape).astype(np.float32),
         beta=rng.uniform(-0.5, 0.5, gamma_shape).astype(np.float32))

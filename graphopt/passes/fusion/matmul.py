@@ -348,10 +348,10 @@ class FuseMatMul(RulePass):
     description = "MatMul + bias into Gemm; transposes and scalar scales into Gemm/FusedMatMul"
     # Order matters within one sweep: a bias makes a Gemm before a transpose of A can claim the
     # MatMul, and the Mul/Div roots see FusedMatMuls the transpose rules made moments earlier.
-    rules = (FlattenedGemm, MatMulAddToGemm, TransposeIntoGemmA, TransposeIntoGemmB, TransposeIntoMatMulA,
-             TransposeIntoMatMulB, ScaledMatMul, DividedMatMul, ScaledFusedMatMul,
-             DividedFusedMatMul, ScaledOperandsMatMul, ScaledOperandsFusedMatMul,
-             TransposeIntoFusedMatMulA, TransposeIntoFusedMatMulB)
+    rules = (FlattenedGemm, MatMulAddToGemm, TransposeIntoGemmA, TransposeIntoGemmB,
+             TransposeIntoMatMulA, TransposeIntoMatMulB, ScaledMatMul, DividedMatMul,
+             ScaledFusedMatMul, DividedFusedMatMul, ScaledOperandsMatMul,
+             ScaledOperandsFusedMatMul, TransposeIntoFusedMatMulA, TransposeIntoFusedMatMulB)
 
 
 __all__ = ["FuseMatMul"]

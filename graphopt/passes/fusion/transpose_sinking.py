@@ -433,8 +433,8 @@ def _same_broadcast(permuted: np.ndarray, data: np.ndarray) -> bool:
     """Whether the constant `data`, brought to the Transpose's rank and permuted, broadcasts
     as `data` does: the axes the Transpose moves were all 1s in it."""
     lead = permuted.ndim - data.ndim
-    return all(d == 1 for d in permuted.shape[:lead]) \
-        and permuted.shape[lead:] == data.shape and np.array_equal(permuted.reshape(data.shape), data)
+    return all(d == 1 for d in permuted.shape[:lead]) and permuted.shape[lead:] == data.shape \
+        and np.array_equal(permuted.reshape(data.shape), data)
 
 
 def _transpose_output(graph, node: Node, perm: list[int]) -> None:
