@@ -82,7 +82,7 @@ class EmbedLayerNormAsGathers(Rule):
 class AttentionAsMatMuls(Rule):
     """Attention (packed projection, optional 1-D or raw 2-D mask) → MatMul, Softmax, MatMul."""
 
-    dtypes = (DType.FLOAT, DType.FLOAT16)
+    dtypes = (DType.FLOAT,)  # (its scale and mask are written as float32 constants)
 
     def unsupported(self, root, target=None):
         return npu_lacks(target, root, "Attention", _ATTENTION_BODY, MS, _MASK_OPS) \
