@@ -39,6 +39,10 @@ UPSTREAM_CASES = {
     "broadcast add": ("""v = ReduceMean<axes = [1]>(x)
                          t = Add(v, x)""", "{1}", ("x", [1])),  # v's 1 is not the sequence
     "gather": ("t = Gather<axis = 1>(x, rows)", "{0, 3}", ("x", [0, 2])),
+    # nn.MultiheadAttention's piece of its packed projection: the columns are cut, not the
+    # batch or the sequence; a Slice of the sequence itself keeps the read.
+    "slice of the columns": ("t = Slice(x, c2, c4, m1)", "{0, 1}", ("x", [0, 1])),
+    "slice of the sequence": ("t = Slice(x, c2, c4, ax1)", "{1}", ("t", [1])),
 }
 
 
@@ -50,7 +54,8 @@ def test_a_symbolic_dim_is_read_where_it_comes_from(case):
     proto = parse(f"""
         g (float[B,S,8] x) => (int64[{len(dims)}] y)
         <int64[4] split = {{0, 0, 2, 4}}, int64[1] m1 = {{-1}}, int64[1] c2 = {{2}},
-         int64[1] c4 = {{4}}, int64[1] ax = {{0}}, int64 i0 = {{0}}, int64[{len(dims)}] at = {indices},
+         int64[1] c4 = {{4}}, int64[1] ax = {{0}}, int64[1] ax1 = {{1}}, int64 i0 = {{0}},
+         int64[{len(dims)}] at = {indices},
          float[8, 16] w = {{{", ".join(["0.5"] * 128)}}},
          float[16] bias = {{{", ".join(["1.0"] * 16)}}},
          float[8] g8 = {{{", ".join(["1.5"] * 8)}}}, float[8] b8 = {{{", ".join(["0.5"] * 8)}}},

@@ -10,6 +10,7 @@ head split and the separate Q/K/V projections alive, and they stop the projectio
 packed into one GEMM. The dim is followed back through Transposes (which permute dims),
 Reshapes whose target proves it a dim of their input (a 0, a dim read from the input's Shape,
 or a -1 that can only be it: symbolic_dims), MatMuls by a matrix (all but the last dim),
+Slices (the dims they do not cut: nn.MultiheadAttention's pieces of its packed projection),
 elementwise ops with a constant that broadcasts along none of the dims read (a bias), those of
 two computed inputs through one proven to have the dims read (a residual Add), ops whose output
 has their input's shape (LayerNormalization, activations, onnxruntime's BiasGelu; Attention's
@@ -90,6 +91,10 @@ def source_dims(x: Value, indices: list[int]) -> tuple[Value, list[int]]:
             moved = [int(perm[i]) for i in indices]
         elif node.op_type == "Reshape":
             moved = _reshaped_from(node, source, indices, equal)
+        elif node.op_type == "Slice":  # the dims it does not slice are its input's
+            sliced = _sliced_axes(node, rank)
+            moved = indices if sliced is not None and known_rank(source) == rank \
+                and not set(sliced) & set(indices) else None
         elif node.op_type == "MatMul":  # by a matrix: x's leading dims and rows are source's
             other = node.input(1)
             moved = indices if other is not None and known_rank(other) == 2 \
@@ -109,6 +114,18 @@ def source_dims(x: Value, indices: list[int]) -> tuple[Value, list[int]]:
             break
         x, indices = source, moved
     return x, indices
+
+
+def _sliced_axes(node: Node, rank: int) -> list[int] | None:
+    """The axes a Slice (opset 10 on) cuts, when its starts and axes are constants."""
+    starts = ints(node.input(1)) if len(node.inputs) > 1 and node.input(1) is not None else None
+    if node.attr("starts") is not None or starts is None:
+        return None
+    given = node.input(3) if len(node.inputs) > 3 else None
+    axes = list(range(starts.size)) if given is None else ints(given)
+    if axes is None or any(not -rank <= int(a) < rank for a in np.ravel(axes)):
+        return None
+    return [int(a) % rank for a in np.ravel(axes)]
 
 
 def _showing(node: Node, x: Value, indices: list[int], equal: Equalities) -> Value | None:
