@@ -568,3 +568,54 @@ def test_float16_weights_fold_however_small():
     bn["var"] = rng.uniform(4, 9, 6).astype(np.float16)  # scales of 0.3 to 0.5
     model, result, _ = _fuse(_model(text, w=weight, **bn))
     assert dict(result.stats) == {"ConvBatchNorm": 1} and _ops(model) == ["Conv"]
+
+
+# -- a crop within the Conv's own padding (a TCN's causal chomp) -----------------------------
+
+def _cropped_conv(length="T", slice_args="zero, minus4, last",
+                  attrs="pads = [4, 4], dilations = [2]", kernel=3):
+    """Conv1d padded on both sides, then `y[..., :-4]`, as a temporal convolutional network
+    chomps its causal convs; `slice_args`: starts, ends, axes (and steps) by name."""
+    return _model(f"""
+g (float[2, 3, {length}] x) => (float[2, 4, ?] y) {{
+  c = Conv <{attrs}> (x, w, b)
+  s = Slice({slice_args})
+  y = Relu(s)
+}}""".replace("Slice(", "Slice(c, "), w=_f32(4, 3, kernel), b=_f32(4, seed=2),
+        zero=np.array([0], np.int64), one=np.array([1], np.int64),
+        minus4=np.array([-4], np.int64), minus5=np.array([-5], np.int64),
+        big=np.array([2 ** 62], np.int64), last=np.array([-1], np.int64),
+        chan=np.array([1], np.int64), two=np.array([2], np.int64))
+
+
+@pytest.mark.parametrize("length", ["T", "16"])
+def test_a_causal_chomp_becomes_padding_on_one_side(length):
+    proto = _cropped_conv(length)
+    model, result, _ = _fuse(proto)
+    assert result.stats == {"ConvCropPads": 1} and _ops(model) == ["Conv", "Relu"]
+    assert list(model.graph)[0].attr("pads") == [4, 0]
+    feeds = {"x": _f32(2, 3, 16, seed=5)}
+    np.testing.assert_allclose(numerics.run(to_onnx(model), feeds)["y"],
+                               numerics.run(proto, feeds)["y"], rtol=0, atol=0)
+
+
+def test_a_crop_of_both_ends_takes_from_both_pads():
+    proto = _cropped_conv("16", "one, big, last")  # x[..., 1:]: one column less in front
+    model, result, _ = _fuse(proto)
+    assert list(model.graph)[0].attr("pads") == [3, 4]
+    _same_numerics(proto, model)
+
+
+@pytest.mark.parametrize("slice_args, attrs, why", [
+    ("zero, minus5, last", "pads = [4, 4], dilations = [2]", "crops past the Conv's padding"),
+    ("zero, minus4, last", "pads = [4, 4], strides = [2]", "strides along a cropped axis"),
+    ("zero, one, chan", "pads = [4, 4], dilations = [2]", "cuts the batch or the channels"),
+    ("zero, minus4, last, two", "pads = [4, 4], dilations = [2]", "or steps"),
+    ("minus4, big, last", "pads = [4, 4], dilations = [2]", "starts from the end"),
+    ("zero, minus4, last", "pads = [4, 4]", "could fail where the Slice returns nothing")])
+def test_crops_that_do_not_fold_stay(slice_args, attrs, why):
+    # (the last: kernel 9 undilated, padding 4 + 0 < its span of 8, at an open length)
+    proto = _cropped_conv("T", slice_args, attrs, kernel=9 if "dilations" not in attrs else 3)
+    model, result, report = _fuse(proto, trace="ConvCropPads")
+    assert "ConvCropPads" not in result.stats
+    assert any(why in line for line in report), report

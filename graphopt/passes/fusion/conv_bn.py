@@ -26,6 +26,7 @@ import numpy as np
 
 from graphopt.ir.pattern import Attr, Match, Miss, Optional, Var
 from graphopt.passes.base import register
+from graphopt.passes.fusion.conv_crop import ConvCropPads
 from graphopt.passes.rules import HandMatchedRule, Rule, RulePass
 
 
@@ -408,9 +409,9 @@ class FuseConvBatchNorm(RulePass):
     name = "FuseConvBatchNorm"
     description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
-    rules = (PadConv, PadAveragePool, ConvBatchNorm, ConcatBatchNorm, ConvTransposeBatchNorm,
-             GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm, MatMulReshapeBatchNorm,
-             ConvAddBias, ConvSubBias, ConvMulScale)
+    rules = (PadConv, PadAveragePool, ConvCropPads, ConvBatchNorm, ConcatBatchNorm,
+             ConvTransposeBatchNorm, GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm,
+             MatMulReshapeBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale)
 
 
 __all__ = ["FuseConvBatchNorm"]
