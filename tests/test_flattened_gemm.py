@@ -88,3 +88,19 @@ g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
     result = graphopt.optimize(proto, level=2)
     assert ops(result.model) == ["MatMul", "Add"]
     _matches(proto, result.to_onnx())
+
+
+def test_a_bias_of_one_value_per_row_stays_a_gemm():
+    # [4, 1] over 4 rows of 4 columns: one value per row, which a differential fuzz found
+    # taken for a [4] bias of one value per column.
+    proto = parse_model("""
+g (float[2, 2, 3] x) => (float[2, 2, 4] y) {
+  flat = Reshape(x, rows)
+  g = Gemm(flat, w, c)
+  y = Reshape(g, split)
+}""", w=RNG.standard_normal((3, 4)).astype(np.float32),
+        c=np.arange(4, dtype=np.float32).reshape(4, 1),
+        rows=np.array([-1, 3], np.int64), split=np.array([2, 2, 4], np.int64))
+    result = graphopt.optimize(proto, level=2)
+    assert "Gemm" in ops(result.model)
+    _matches(proto, result.to_onnx())

@@ -46,7 +46,7 @@ class FlattenedGemm(Rule):
         if w.constant().ndim != 2:
             return "the weight is not a matrix"
         n = w.constant().shape[0 if int(gemm.attr("transB", 0)) else 1]
-        if c is not None and (c.constant().ndim > 2 or c.constant().size not in (1, n)):
+        if c is not None and not _one_row(c.constant().shape, n):
             return "the bias differs from row to row"
         equal = Equalities()
         got = shape_tensor(split, lambda v: proven_dims(v, equal))
@@ -80,6 +80,13 @@ class FlattenedGemm(Rule):
         added = op.Add(out, c)
         added.dtype, added.shape = out.dtype, out.shape
         return added
+
+
+def _one_row(shape: tuple, n: int) -> bool:
+    """Whether a Gemm bias of `shape` is the same for every row: a scalar, [N], [1, N] or
+    [1, 1] (a [M, 1] or [M, N] bias is one per row)."""
+    return len(shape) <= 2 and all(d == 1 for d in shape[:-1]) \
+        and (not shape or shape[-1] in (1, n))
 
 
 def _static_rows(x: Value) -> int | None:
