@@ -110,14 +110,19 @@ def graph_to_proto(graph: Graph, proto: GraphProto | None = None,
 
 
 def _overwritten_in_place(graph: Graph) -> set[int]:
-    """The values whose shapes the written model must not declare: the input of an L2
-    `ai.onnx.ml` Normalizer. onnxruntime 1.32's kernel may run in place, and writes x² into its
-    output before it reads x's sign; its planner shares the buffer only where it knows both
-    sizes, so with both declared every output came out positive (a scikit-learn
-    StandardScaler → Normalizer → RandomForest pipeline at a static batch changed class)."""
-    return {id(node.inputs[0]) for node in graph
-            if node.op_type == "Normalizer" and node.domain == "ai.onnx.ml" and node.inputs
-            and node.inputs[0] is not None and str(node.attr("norm", "MAX")).upper() == "L2"}
+    """The values whose shapes the written model must not declare: the input and the output of
+    an L2 `ai.onnx.ml` Normalizer. onnxruntime 1.32's kernel may run in place, and writes x²
+    into its output before it reads x's sign; its planner shares the buffer only where it knows
+    both sizes, so with both declared every output came out positive (a scikit-learn
+    StandardScaler → Normalizer → RandomForest pipeline at a static batch changed class).
+    onnxruntime infers no Normalizer's output itself; an input it infers (an Add's) leaves the
+    output's declaration as what decides."""
+    unsized = set()
+    for node in graph:
+        if node.op_type == "Normalizer" and node.domain == "ai.onnx.ml" \
+                and str(node.attr("norm", "MAX")).upper() == "L2":
+            unsized.update(id(v) for v in (node.input(0), node.output) if v is not None)
+    return unsized
 
 
 def node_to_proto(node: Node) -> NodeProto:
