@@ -87,6 +87,7 @@ def _bert_feeds():
     mask = np.ones((B, S), np.int32)
     mask[1, 4:] = 0  # the second sequence is padded
     mask[0, 2] = 0   # and a hole, which the counted length does not see
+    mask[0, 3] = 2   # which a raw mask keeps (above 0) and the count skips (not 1)
     return {"ids": rng.integers(0, 20, (B, S)).astype(np.int32),
             "segments": rng.integers(0, 2, (B, S)).astype(np.int32), "mask": mask}
 

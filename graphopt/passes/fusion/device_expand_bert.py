@@ -8,7 +8,7 @@ has no kernel for them (ExpandForDevice):
 
 as onnxruntime's CPU kernels compute them: a mask_index of one length per sequence (what
 EmbedLayerNormalization makes: the count of ones in each mask row) masks the keys from that
-length on, a raw [B, T] mask the keys where it is 0, each by adding mask_filter_value
+length on, a raw [B, T] mask the keys where it is 0 or less, each by adding mask_filter_value
 (-10000 unless set) to their scores. A BERT saved by the optimizer had gone to the host whole
 on ascend310 and ascend910b (no kernel for EmbedLayerNormalization, and on the 310 none for
 Attention either, and the islands they cut returned the rest).
@@ -27,7 +27,7 @@ from graphopt.passes.rules import Rule
 MS = "com.microsoft"
 _EMBED_BODY = ("Gather", "Add", "LayerNormalization")
 _ATTENTION_BODY = ("MatMul", "Add", "Split", "Reshape", "Transpose", "Mul", "Softmax", "Where",
-                   "Less", "Cast", "Equal", "ReduceSum")
+                   "Less", "Greater", "Cast", "Equal", "ReduceSum")
 _MASK_OPS = ("Cast",)  # from the mask's integers
 
 
@@ -180,10 +180,9 @@ def _key_bias(op, mask_index: Value, batch: int, length: int, fill: float) -> Va
     sequence made by EmbedLayerNormalization is counted from its mask here, as the kernel
     counts it (the ones in each row), so that the EmbedLayerNormalization can go too."""
     zero, filled = op.const(np.array(0.0, np.float32)), op.const(np.array(fill, np.float32))
-    one = op.const(np.array(1.0, np.float32))
     # Every op but the Casts on float32: an NPU's Equal, ReduceSum and Less may take no int32.
-    if len(mask_index.shape) == 2:  # a raw mask: 1 keeps a key
-        keep = op.Equal(op.Cast(mask_index, to=1), one)
+    if len(mask_index.shape) == 2:  # a raw mask: a key is kept where it is above 0
+        keep = op.Greater(op.Cast(mask_index, to=1), zero)
     else:
         mask = _embedded_mask(mask_index)
         lengths = op.Cast(mask_index, to=1) if mask is None else _counted(op, mask)
