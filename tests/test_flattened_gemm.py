@@ -104,3 +104,22 @@ g (float[2, 2, 3] x) => (float[2, 2, 4] y) {
     result = graphopt.optimize(proto, level=2)
     assert "Gemm" in ops(result.model)
     _matches(proto, result.to_onnx())
+
+
+def test_a_flattening_read_earlier_stays_ahead_of_its_reader():
+    # Another Gemm reads the flattening before the one rewritten: the flattening kept for it
+    # is made at the rewrite, which must not leave that reader ahead of it (a differential
+    # fuzz found the written graph out of order, refused by onnx.checker).
+    proto = parse_model("""
+g (float[2, 3, 4] x) => (float[6, 5] y1, float[2, 3, 3] y2) {
+  flat = Reshape(x, rows)
+  y1 = Gemm(flat, w1)
+  g2 = Gemm(flat, w2)
+  y2 = Reshape(g2, split)
+}""", w1=RNG.standard_normal((4, 5)).astype(np.float32),
+        w2=RNG.standard_normal((4, 3)).astype(np.float32),
+        rows=np.array([-1, 4], np.int64), split=np.array([2, 3, 3], np.int64))
+    out = graphopt.optimize(proto, level=2).to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.op_type for n in out.graph.node].count("MatMul") == 1
+    _matches(proto, out)

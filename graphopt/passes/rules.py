@@ -348,6 +348,8 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
         inner = match.bindings[name].output
         value.dtype, value.shape = inner.dtype, inner.shape
         replace_value(inner, value)
+    if kept:  # the new op sits at the root: a reader of what it exposes may come before it
+        graph.sort()
     removed = True
     while removed:  # repeat: a node shared inside the match (a diamond) dies after its readers
         removed = False
