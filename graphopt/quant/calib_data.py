@@ -202,7 +202,9 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         return _one_sample(path, specs, arrays)
     if len(set(counts.values())) > 1:
         raise OptionError(f"{calibration_label(path)}: inputs hold different sample counts "
-                          f"({', '.join(f'{k}: {v}' for k, v in counts.items())})")
+                          f"({', '.join(f'{k}: {v}' for k, v in counts.items())}); for inputs "
+                          "whose sizes differ from sample to sample (a bag of ids with its "
+                          "offsets), give a directory of .npz files, one sample each")
     count = next(iter(counts.values()), 1)
     if count == 0:
         raise OptionError(f"{calibration_label(path)}: "
