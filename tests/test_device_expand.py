@@ -204,3 +204,16 @@ def test_onnx_attention_with_a_bool_mask_or_on_the_cpu_stays():
     assert "Attention" in [n.op_type for n in result.model.graph]
     assert any("is not additive" in line for line in result.traces), result.traces
     assert "Attention" in [n.op_type for n in graphopt.optimize(_onnx_attention()).model.graph]
+
+
+def test_a_row_an_onnx_attention_mask_masks_whole_gives_zeros():
+    # A left-padded sequence's padding rows mask every key: onnxruntime's kernel gives 0
+    # there, a plain Softmax NaN, which the next layer would spread to every token.
+    proto = _onnx_attention("float")
+    mask = np.zeros((1, 1, 5, 5), np.float32)
+    mask[..., 1, :] = -np.inf
+    feeds = {**numerics.random_feeds(proto, seed=3), "m": mask}
+    result = graphopt.optimize(proto, target="ascend310")
+    got = numerics.run(result.to_onnx(), feeds)["y"]
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-5)

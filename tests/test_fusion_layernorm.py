@@ -869,3 +869,11 @@ def test_a_norm_over_other_axes_or_with_a_spatial_scale_stays(kwargs, why):
     _, stats, report = _fuse(_channel_norm(**kwargs), trace="ChannelLayerNorm")
     assert stats == {}
     assert any(why in line for line in report), report
+
+
+def test_a_channel_scale_of_a_higher_rank_stays():
+    # γ [1, 1, 6, 1, 1] over x [2, 6, 5, 4] broadcasts the output to rank 5, which the fused
+    # op would not (a differential fuzz's case).
+    _, stats, report = _fuse(_channel_norm(gamma_shape=(1, 1, 6, 1, 1)), trace="ChannelLayerNorm")
+    assert stats == {}
+    assert any("has a higher rank than" in line for line in report), report

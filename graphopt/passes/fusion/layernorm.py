@@ -194,6 +194,8 @@ def _channel_problem(x: Value, b: dict) -> str | None:
         if p is None:
             continue
         shape = tuple(p.shape or ())
+        if len(shape) > rank:  # it would broadcast the output to a higher rank
+            return f"{role} %{p.name} has a higher rank than %{x.name}"
         while shape and shape[0] == 1 and len(shape) > rank - 1:
             shape = shape[1:]
         if not p.is_constant or shape != (c,) + (1,) * (rank - 2):

@@ -5,7 +5,8 @@ from opset 23 on, in MatMul and Softmax for an NPU without a kernel for it (Expa
 
 for the form without past keys, soft-capping or a second output, with K and V of Q's heads,
 and with no mask, an additive float mask, or `is_causal` over as many keys as queries (a
-constant -inf above the diagonal, as the spec's upper-left alignment gives). A boolean mask
+constant -inf above the diagonal, as the spec's upper-left alignment gives). A row a mask
+masks whole gives 0, as onnxruntime's kernel gives it, where Softmax gives NaN. A boolean mask
 stays: a row it masks whole comes out as onnxruntime's kernel decides. A diffusers VAE
 decoder exported at opset 23 kept its attention block and 33 of its 124 nodes on the host.
 """
@@ -19,7 +20,7 @@ from graphopt.ir.pattern import Optional, Var
 from graphopt.passes.fusion.device_kernels import npu_lacks
 from graphopt.passes.rules import Rule
 
-_BODY = ("MatMul", "Transpose", "Mul", "Add", "Softmax")
+_BODY = ("MatMul", "Transpose", "Mul", "Add", "Softmax", "IsNaN", "Where")
 
 
 class OnnxAttentionAsMatMuls(Rule):
@@ -67,4 +68,7 @@ class OnnxAttentionAsMatMuls(Rule):
             length = q.shape[2]
             above = np.triu(np.full((length, length), -np.inf, dtype), 1)
             scores = op.Add(scores, op.const(above))
-        return op.MatMul(op.Softmax(scores, axis=-1), v)
+        probs = op.Softmax(scores, axis=-1)
+        if mask is not None:  # a row masked whole: onnxruntime's kernel gives 0, Softmax NaN
+            probs = op.Where(op.IsNaN(probs), op.const(np.array(0.0, dtype)), probs)
+        return op.MatMul(probs, v)
