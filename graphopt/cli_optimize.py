@@ -313,6 +313,12 @@ def _idle_device(result, flags: list[str]) -> str | None:
         return None
     nodes = sum(p.node_count() for p in partitioning.partitions)
     source = shlex.quote(result.source_label) if result.source_label != "<model>" else "MODEL"
+    if result.profiles:  # the partitioning shown is the first profile's: pin its shapes
+        from graphopt.input_shapes import format_input_shapes
+
+        pinned = format_input_shapes(result.profiles[0].profile.input_shapes)
+        kept = [f for f, before in zip(flags, [None, *flags]) if "--input-shape" not in (f, before)]
+        flags = [*kept, "--input-shape", pinned]
     again = shlex.join(["--target", as_given(target), *flags])
     return (f"--target {as_given(target)}: all {nodes} node(s) run on the host "
             f"{target.host}, none on the {primary.name} ({reason_counts(partitioning)}; "

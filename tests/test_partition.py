@@ -220,6 +220,20 @@ def test_the_all_on_the_host_warning_counts_each_reason(tmp_path, capsys):
     assert "none on the npu (1 no npu kernel for LSTM; `graphopt partition" in err, err
 
 
+def test_the_all_on_the_host_warning_of_shape_profiles_pins_the_first_profile(tmp_path, capsys):
+    # The partitioning it counts is the first profile's: the command it suggests pins that
+    # profile's shapes, where it had left the batch open (reporting dynamic shapes instead).
+    proto = build("""
+        g (float[5,B,8] x) => (float[5,1,B,16] y) {
+            y, h, c = LSTM <hidden_size = 16> (x, w, r)
+        }""", w=weight(1, 64, 8), r=weight(1, 64, 16))
+    onnx.save(proto, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.om"),
+                 "--target", "ascend310", "--dynamic-dims", "B:1,4"]) == 0
+    err = capsys.readouterr().err
+    assert "--target ascend310 --input-shape x:-1,1,-1` lists each one" in err, err
+
+
 def test_reason_counts_name_the_commonest_kinds_first():
     from types import SimpleNamespace
 
