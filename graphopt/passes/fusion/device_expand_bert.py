@@ -21,7 +21,8 @@ import numpy as np
 from graphopt.ir import DType, Value
 from graphopt.ir.pattern import Optional, Var
 from graphopt.passes.fusion.device_kernels import npu_lacks
-from graphopt.passes.opset_raise import raise_blocker, raise_opset
+from graphopt.passes.fusion.layernorm import opset_17_blocker
+from graphopt.passes.opset_raise import raise_opset
 from graphopt.passes.rules import Rule
 
 MS = "com.microsoft"
@@ -53,10 +54,9 @@ class EmbedLayerNormAsGathers(Rule):
             _domain=MS, _name="embed")
 
     def check(self, ids, embed, model, segments=None, segment_table=None, **_):
-        blocker = raise_blocker(model, 17)
+        blocker = opset_17_blocker(model)
         if blocker:
-            return f"ai.onnx LayerNormalization needs opset 17, the model imports " \
-                   f"{model.opset('') or 1}: {blocker}"
+            return blocker
         if len(embed.inputs) > 8 and embed.input(8) is not None:
             return "position_ids given: the positions are not 0 .. S-1"
         if (segments is None) != (segment_table is None):

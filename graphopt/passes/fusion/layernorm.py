@@ -121,16 +121,22 @@ def _same_shape(x: Value, skip: Value) -> str | None:
     return None
 
 
+def opset_17_blocker(model) -> str | None:
+    """Why a rewrite cannot emit ai.onnx LayerNormalization in `model` (None: it can, raising
+    the model to opset 17 where need be)."""
+    blocker = raise_blocker(model, 17)
+    if blocker:
+        return f"ai.onnx LayerNormalization needs opset 17, the model imports " \
+               f"{model.opset('') or 1}: {blocker}"
+    return None
+
+
 class _LayerNorm(Rule):
     emits = (("", "LayerNormalization"),)
     dtypes = FLOATS
 
     def check(self, x, model, **b):
-        blocker = raise_blocker(model, 17)
-        if blocker:
-            return f"ai.onnx LayerNormalization needs opset 17, the model imports " \
-                   f"{model.opset('') or 1}: {blocker}"
-        return _problem(x, b)
+        return opset_17_blocker(model) or _problem(x, b)
 
     def rewrite(self, op, x, eps, gamma=None, beta=None, **_):
         raise_opset(op.model, 17)  # checked: every node means the same at 17
@@ -213,11 +219,7 @@ class _ChannelLayerNorm(_LayerNorm):
     nine (1 thread, onnxruntime 1.32)."""
 
     def check(self, x, model, **b):
-        blocker = raise_blocker(model, 17)
-        if blocker:
-            return f"ai.onnx LayerNormalization needs opset 17, the model imports " \
-                   f"{model.opset('') or 1}: {blocker}"
-        return _channel_problem(x, b)
+        return opset_17_blocker(model) or _channel_problem(x, b)
 
     def rewrite(self, op, x, eps, gamma=None, beta=None, **_):
         raise_opset(op.model, 17)  # checked: every node means the same at 17
