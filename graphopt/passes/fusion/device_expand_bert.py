@@ -32,11 +32,6 @@ _ATTENTION_BODY = ("MatMul", "Add", "Split", "Reshape", "Transpose", "Mul", "Sof
 _MASK_OPS = ("Cast",)  # from the mask's integers
 
 
-def _static(value: Value | None) -> bool:
-    return value is not None and value.shape is not None \
-        and all(isinstance(d, int) for d in value.shape)
-
-
 class EmbedLayerNormAsGathers(Rule):
     """EmbedLayerNormalization → Gathers of the three tables, their sum, LayerNormalization."""
 
@@ -61,7 +56,7 @@ class EmbedLayerNormAsGathers(Rule):
             return "position_ids given: the positions are not 0 .. S-1"
         if (segments is None) != (segment_table is None):
             return "segment ids without a segment table, or the other way round"
-        if not _static(ids) or len(ids.shape) != 2:
+        if ids.static_shape is None or len(ids.shape) != 2:
             return f"%{ids.name} has no static [B, S] shape"
         if any(v is not None and v.uses for v in embed.outputs[1:]):
             return "its mask index or embedding sum is read (by an Attention not expanded)"
@@ -97,7 +92,7 @@ class AttentionAsMatMuls(Rule):
             return "it reads past keys or an attention bias"
         if int(attention.attr("unidirectional", 0)) or attention.attr("qkv_hidden_sizes"):
             return "a causal or unevenly packed Attention"
-        if not _static(x) or len(x.shape) != 3 or weights.shape is None \
+        if x.static_shape is None or len(x.shape) != 3 or weights.shape is None \
                 or len(weights.shape) != 2 or weights.shape[1] % 3:
             return "the input or the packed weights have no static [B, S, D] / [D, 3H] shape"
         heads = int(attention.attr("num_heads", 0))
