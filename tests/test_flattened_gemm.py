@@ -90,6 +90,28 @@ g (float[2, 5, 8] x) => (float[2, 5, 6] y) {
     _matches(proto, result.to_onnx())
 
 
+@pytest.mark.parametrize("split, fuses", [
+    ([5, -1, 6], True),    # nn.MultiheadAttention's out_proj(x).view(tgt_len, -1, embed)
+    ([-1, 2, 6], False),   # the -1 is the batch only where it is 2: the rows move
+    ([5, -1, 3], False),   # not the Gemm's width
+])
+def test_a_split_with_a_minus_one_for_an_open_dim(split, fuses):
+    proto = parse_model("""
+g (float[5, batch, 8] x) => (float[?, ?, ?] y) {
+  flat = Reshape(x, rows)
+  g = Gemm <transB = 1> (flat, w, b)
+  y = Reshape(g, split)
+}""", w=W, b=B, rows=np.array([-1, 8], np.int64), split=np.array(split, np.int64))
+    result = graphopt.optimize(proto, level=2, trace_rules=["FlattenedGemm"])
+    if fuses:
+        assert ops(result.model) == ["MatMul", "Add"]
+    else:
+        assert "Gemm" in ops(result.model)
+        assert any("does not split the rows back" in line for line in result.traces)
+    for batch in (2, 3) if split[1] == -1 else (2,):
+        _matches(proto, result.to_onnx(), {"batch": batch})
+
+
 def test_a_bias_of_one_value_per_row_stays_a_gemm():
     # [4, 1] over 4 rows of 4 columns: one value per row, which a differential fuzz found
     # taken for a [4] bias of one value per column.

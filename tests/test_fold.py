@@ -452,6 +452,49 @@ def test_a_reshape_shape_with_an_entry_not_its_own_dim_there_stays(nodes, concat
     assert "ReshapeOwnDims" not in run_passes(model, FoldShapes())
 
 
+def _other_dims_model(pieces: str, allowzero: int = 0) -> onnx.ModelProto:
+    """Reshape(x[N, 6], Concat(pieces)) with the pieces read off k[B, 4, 6], as the dynamo
+    exporter writes Kᵀ's split back into heads."""
+    return parse(f"""
+        g (float[N,6] x, float[B,4,6] k) => (float[?,?,?] y)
+        <int64[1] zero = {{0}}, int64[1] two = {{2}}, int64[1] one = {{1}}, int64[1] six = {{6}},
+         int64[1] zdim = {{0}}, int64[1] m1 = {{-1}}>
+        {{ s = Shape(k)
+          bh = Slice(s, zero, two)
+          b = Slice(s, zero, one)
+          t = Concat<axis = 0>({pieces})
+          y = Reshape<allowzero = {allowzero}>(x, t) }}""")
+
+
+@pytest.mark.parametrize("pieces", ["bh, six", "s"])
+def test_a_reshape_shape_with_one_entry_unknown_becomes_a_constant_with_a_minus_one(pieces):
+    proto = _other_dims_model(pieces)
+    model, stats = fold(proto)
+    assert stats["ReshapeOneUnknown"] == 1
+    (reshape,) = [n for n in model.graph if n.op_type == "Reshape"]
+    assert reshape.input(1).constant().tolist() == [-1, 4, 6]
+    from graphopt.passes.cleanup import EliminateDeadNodes
+    run_passes(model, EliminateDeadNodes())
+    assert ops(model) == ["Reshape"]
+    rng = np.random.default_rng(0)
+    for b in (1, 3, 0):
+        feeds = {"x": rng.standard_normal((4 * b, 6)).astype(np.float32),
+                 "k": np.zeros((b, 4, 6), np.float32)}
+        assert_same_outputs(proto, model, feeds)
+
+
+@pytest.mark.parametrize("pieces, allowzero", [
+    ("b, b, six", 0),         # two entries unknown
+    ("bh, m1", 0),            # a -1 of its own beside the unknown
+    ("b, zdim, six", 1),      # a 0 that is a size
+    ("b, zdim, six", 0),      # a 0 that copies x's dim: not what a -1 there computes
+])
+def test_a_reshape_shape_with_more_than_one_entry_open_stays(pieces, allowzero):
+    model = load_onnx(_other_dims_model(pieces, allowzero))
+    infer_shapes(model)
+    assert "ReshapeOneUnknown" not in run_passes(model, FoldShapes())
+
+
 # -------------------------------------------------------------------------------------------
 # what must not fold
 # -------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@
     %t = Slice(Shape(%x<f32[N,64,8]>), [1], [3]) →  %t = initializer i64[2] [64, 8]
     %y = Reshape(%x, Concat(Shape(%x)[0], [12, 64])) → %y = Reshape(%x, [0, 12, 64])
                                                        (see reshape_own_dims)
+    %y = Reshape(%x, Concat(Shape(%k<f32[B,4,64]>)[0], [16])) → %y = Reshape(%x, [-1, 16])
+                                                       (see reshape_one_unknown)
     %s = Concat(Shape(%x)[0], Shape(%x)[1])     →   %s = Shape(%x)   (x of rank 2)
 
 FoldConstants then finishes Shape → Gather → Unsqueeze → Concat → Reshape chains. Values must
@@ -24,6 +26,7 @@ from graphopt.ir.value import Shape
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import replace_value
 from graphopt.passes.fold_constants import become_initializer, fits_output, pinned_outputs
+from graphopt.passes.reshape_one_unknown import one_unknown_shape
 from graphopt.passes.reshape_own_dims import own_dims_shape
 from graphopt.passes.shape_pieces import (dims_read, ints, known_rank, slice_bounds,
                                           slice_indices)
@@ -89,8 +92,9 @@ def _replace(graph: Graph, node: Node, array: np.ndarray, pinned: set[int], ctx:
 class FoldShapes(Pass):
     name = "FoldShapes"
     description = "replace Shape/Size (and Gather/Slice of static dims) with int64 initializers; " \
-                  "a Reshape shape built from its input's own dims becomes a constant; a Concat " \
-                  "of consecutive dims of one Shape becomes that Shape"
+                  "a Reshape shape built from its input's own dims, or with one entry unknown at " \
+                  "compile time, becomes a constant; a Concat of consecutive dims of one Shape " \
+                  "becomes that Shape"
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
@@ -112,11 +116,20 @@ class FoldShapes(Pass):
                 elif node.op_type == "Concat":
                     self._concat_of_dims(graph, node, opset, result, ctx)
                 elif node.op_type == "Reshape":
-                    shape = own_dims_shape(node, opset)
-                    if shape is not None and ctx.allows("ReshapeOwnDims", node):
-                        node.set_input(1, graph.make_initializer("shape", shape))
-                        result.count("ReshapeOwnDims")
+                    self._reshape(graph, node, opset, result, ctx)
         return result
+
+    @staticmethod
+    def _reshape(graph: Graph, node: Node, opset: int, result: PassResult,
+                 ctx: PassContext) -> None:
+        """A target computed at run time becomes a constant: one that reads the input's own dims,
+        or one with a single entry unknown at compile time (a -1 there)."""
+        for rule, shape in (("ReshapeOwnDims", own_dims_shape(node, opset)),
+                            ("ReshapeOneUnknown", one_unknown_shape(node, opset))):
+            if shape is not None and ctx.allows(rule, node):
+                node.set_input(1, graph.make_initializer("shape", shape))
+                result.count(rule)
+                return
 
     @staticmethod
     def _concat_of_dims(graph: Graph, concat: Node, opset: int, result: PassResult,

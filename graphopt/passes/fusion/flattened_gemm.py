@@ -52,8 +52,7 @@ class FlattenedGemm(Rule):
         got = shape_tensor(split, lambda v: proven_dims(v, equal))
         leading = proven_dims(x, equal)
         if got is None or got[1] or leading is None or len(got[0]) != len(leading) \
-                or got[0][-1] != (n, ()) \
-                or not all(equal.same(a, b) for a, b in zip(got[0][:-1], leading[:-1])):
+                or got[0][-1] != (n, ()) or not _splits_back(got[0][:-1], leading[:-1], equal):
             return f"the last Reshape does not split the rows back into %{x.name}'s leading dims"
         return None
 
@@ -80,6 +79,15 @@ class FlattenedGemm(Rule):
         added = op.Add(out, c)
         added.dtype, added.shape = out.dtype, out.shape
         return added
+
+
+def _splits_back(split: list, leading: list, equal: Equalities) -> bool:
+    """Whether the entries `split` give the rows back the dims `leading`: each the same dim, or
+    one of them -1 (nn.MultiheadAttention's `view(tgt_len, -1, embed)`), which is then the one
+    left, since the other entries account for every other row."""
+    unmatched = [i for i, (a, b) in enumerate(zip(split, leading)) if not equal.same(a, b)]
+    return not unmatched or len(unmatched) == 1 and split[unmatched[0]] == (-1, ()) \
+        and (-1, ()) not in split[:unmatched[0]] + split[unmatched[0] + 1:]
 
 
 def _one_row(shape: tuple, n: int) -> bool:
