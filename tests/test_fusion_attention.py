@@ -730,6 +730,75 @@ def test_a_packed_in_projection_unpacked_by_gathers_packs_into_attention(batch, 
     assert not problems, problems
 
 
+def dynamo_encoder_attention():
+    """nn.TransformerEncoderLayer's self-attention (batch-first) as the dynamo exporter writes
+    it with an open batch: the packed in_proj unpacked by Gathers, each head split with a -1,
+    Kᵀ flattened to [B·N, S, H] and split back by a target read off K's shape, and the value
+    types it declares, which name B·N `{N}*B`."""
+    g = Graph()
+    x = g.input("x", TensorProto.FLOAT, ["B", S, D])
+    swapped = g.op("Transpose", x, perm=[1, 0, 2])
+    y = g.op("Add", g.op("MatMul", swapped, g.const(g.rng.standard_normal((D, 3 * D)) * 0.3)),
+             g.const(g.rng.standard_normal(3 * D) * 0.1))
+    split = g.op("Reshape", y, g.const([S, -1, 3, D], np.int64), allowzero=1)
+    moved = g.op("Transpose", g.op("Unsqueeze", split, g.const([0], np.int64)),
+                 perm=[3, 1, 2, 0, 4])
+    pieces = g.op("Squeeze", moved, g.const([-2], np.int64))
+    typed = {split: [S, "B", 3, D], moved: [3, S, "B", 1, D], pieces: [3, S, "B", D]}
+
+    def heads(i):
+        piece = g.op("Gather", pieces, g.const(i, np.int64), axis=0)
+        rows = g.op("Reshape", piece, g.const([S, -1, H], np.int64), allowzero=1)
+        front = g.op("Transpose", rows, perm=[1, 0, 2])
+        split_heads = g.op("Reshape", front, g.const([-1, N, S, H], np.int64), allowzero=1)
+        typed.update({piece: [S, "B", D], rows: [S, f"{N}*B", H], front: [f"{N}*B", S, H],
+                      split_heads: ["B", N, S, H]})
+        return split_heads
+
+    q, k, v = heads(0), heads(1), heads(2)
+    shape = g.op("Shape", k, start=0)
+    last = g.op("Slice", shape, g.const([-1], np.int64), g.const([2**63 - 1], np.int64))
+    second = g.op("Slice", shape, g.const([-2], np.int64), g.const([-1], np.int64))
+    leading = g.op("Slice", shape, g.const([-2**63], np.int64), g.const([-2], np.int64))
+    flat = g.op("Reshape", k, g.op("Concat", g.const([-1], np.int64), second, last, axis=0))
+    k_t = g.op("Reshape", g.op("Transpose", flat, perm=[0, 2, 1]),
+               g.op("Concat", leading, last, second, axis=0))
+    half = g.const([H ** -0.25])
+    scores = g.op("MatMul", g.op("Mul", q, half), g.op("Mul", k_t, half))
+    ctx = g.op("Transpose", g.op("MatMul", g.op("Softmax", scores, axis=-1), v),
+               perm=[2, 0, 1, 3])
+    rows = g.op("Reshape", ctx, g.const([-1, D], np.int64), allowzero=1)
+    out = g.op("Gemm", rows, g.const(g.rng.standard_normal((D, D)) * 0.3), transB=1)
+    back = g.op("Reshape", out, g.const([S, -1, D], np.int64), allowzero=1)
+    y_out = g.op("Transpose", back, perm=[1, 0, 2])
+    info = [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+            for name, dims in typed.items()]
+    graph = helper.make_graph(g.nodes, "dynamo_encoder", g.inputs,
+                              [helper.make_tensor_value_info(y_out, TensorProto.FLOAT,
+                                                             ["B", S, D])],
+                              g.inits, value_info=info)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
+                             ir_version=IR_VERSION)
+
+
+def test_a_dynamo_encoder_attention_with_an_open_batch_packs_into_attention():
+    # The dims the exporter names `4*B` are 4·B: the Kᵀ split back, read off K's shape, is then
+    # proven [B, N, H, S]. They had been names of their own, and the block kept a
+    # MultiHeadAttention and its Transposes (33 nodes of a 47-node encoder layer against 11
+    # at a fixed batch), 1.02× the export's time against 0.87×.
+    proto = dynamo_encoder_attention()
+    result = graphopt.optimize(proto, level=2)
+    out = to_onnx(result.model)
+    onnx.checker.check_model(out, full_check=True)
+    names = [n.qualified_op for n in result.model.graph]
+    assert names == ["com.microsoft::Attention", "MatMul"], names
+    for batch in (1, 2, 3):
+        feeds = numerics.random_feeds(proto, seed=5, dims={"B": batch})
+        problems = numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds),
+                                    1e-4, 1e-5)
+        assert not problems, (batch, problems)
+
+
 def dynamic_attention(style="torchscript", key_batch_from=None, seq_from_heads=False,
                       mask_kind="input", nan_guard=False):
     """One self-attention block over x [batch, seq, D] with every head split and merge read

@@ -61,6 +61,18 @@ def test_an_unnamed_dim_equals_only_itself():
     assert a != b and over(a, a) == (1, ())
 
 
+def test_a_name_that_is_a_product_is_read_as_one():
+    # The dynamo exporter names the dims it derives by their expressions: 4*B is 4·B.
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                      ["4*B", "B*4", "s0*s1", "s0 + 1", "2*s0*3", "batch"])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    dims = value_dims(load_onnx(helper.make_model(graph)).graph.inputs[0])
+    assert dims == [(4, ("B",)), (4, ("B",)), (1, ("s0", "s1")), (1, ("s0 + 1",)),
+                    (6, ("s0",)), (1, ("batch",))]
+
+
 @pytest.mark.parametrize(("left", "right", "found"), [
     ((64, ("B", "S")), (640, ("B",)), ("S", 10)),   # a traced 10 against the sequence
     ((64, ("S",)), (64, ("T",)), None),             # two names: nothing is learnt

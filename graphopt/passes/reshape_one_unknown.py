@@ -1,15 +1,19 @@
 """A Reshape's target computed at run time with a single entry unknown at compile time: it becomes
-a constant with a -1 there.
+a constant with a -1 there, and the chain that computed it goes.
 
 The dynamo exporter writes scaled_dot_product_attention's Kᵀ with a target read off another value:
 
     %k<f32[B,4,64,16]>   %s = Slice(Shape(%k), 0, -2)                     the dims [B, 4]
-    %y = Reshape(Transpose(%k3<f32[4·B,64,16]>), Concat(%s, [16], [64]))
+    %y = Reshape(Transpose(%k3<f32[4*B,64,16]>), Concat(%s, [16], [64]))
                                                 →   %y = Reshape(…, [-1, 4, 16, 64])
 
 Where the other entries are sizes known at compile time (all positive), the one left is the
 input's element count over their product, which is what a -1 computes. The entries are
-evaluated by symbolic_dims.shape_tensor from the dims inference recorded.
+evaluated by symbolic_dims.shape_tensor from the dims inference recorded. The rewrite waits
+until the input's dims prove the entry (4·B·16·64 over 4·16·64 is B): later passes match heads
+and batches by the names a target gives, and a -1 over unproven dims would lose them (a
+TorchScript encoder's heads, split by x.view(S, B·N, H) from a Gather of unknown shape, had
+stopped packing into Attention).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import Node
-from graphopt.passes.symbolic_dims import shape_tensor, value_dims
+from graphopt.passes.symbolic_dims import (Equalities, over, product, proven_dims, shape_tensor,
+                                           value_dims)
 
 
 def one_unknown_shape(reshape: Node, opset: int) -> np.ndarray | None:
@@ -40,4 +45,14 @@ def one_unknown_shape(reshape: Node, opset: int) -> np.ndarray | None:
             entries.append(number)
         else:  # a 0, a -1 of its own, a negative multiple: a -1 here would not compute it
             return None
-    return np.array(entries, dtype=np.int64) if len(unknown) == 1 else None
+    if len(unknown) != 1:
+        return None
+    # The -1 must leave the entry provable from the input's dims, as symbolic_dims reads a
+    # Reshape: the named entry (4·batch) is what later passes match heads and batches by.
+    equal = Equalities()
+    x = proven_dims(reshape.input(0), equal) if reshape.input(0) is not None else None
+    others = [d for i, d in enumerate(got[0]) if i != unknown[0]]
+    left = over(product(x), product(others)) if x is not None else None
+    if left is None or not equal.same(left, got[0][unknown[0]]):
+        return None
+    return np.array(entries, dtype=np.int64)

@@ -36,8 +36,24 @@ def dim(entry, value: Value | None = None, axis: int = 0) -> Dim | None:
     if isinstance(entry, int):
         return (entry, ())
     if isinstance(entry, str):
-        return (1, (entry,))
+        return _named(entry)
     return None if value is None else (1, (f"{_UNNAMED}{value.name}[{axis}]",))
+
+
+def _named(entry: str) -> Dim:
+    """A named dim; a product such as `4*B` or `s0*s1`, as the dynamo exporter names the dims it
+    derives, is that product of its numbers and names, so that it meets B where the ops show it
+    (a Reshape [-1, 4, 64, 16] of [4*B, 64, 16] is [B, 4, 64, 16])."""
+    parts = entry.split("*")
+    if len(parts) == 1 or not all(p.isdigit() or p.isidentifier() for p in parts):
+        return (1, (entry,))
+    c, names = 1, []
+    for p in parts:
+        if p.isdigit():
+            c *= int(p)
+        else:
+            names.append(p)
+    return (c, tuple(sorted(names)))
 
 
 def value_dims(value: Value) -> list[Dim] | None:
