@@ -1665,7 +1665,49 @@ def test_gemms_and_matmuls_o3_fused_with_an_activation_quantize_as_at_o2(tmp_pat
         assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.999
     for op in ("QuantizeLinear", "DynamicQuantizeMatMul"):
         assert counts[3][op] == counts[2][op], (op, counts)
-    assert counts[2]["QuantizeLinear"] > 0 and counts[3]["FusedGemm"] == 2, counts
+    # The middle layers are int8: static on the NPU (AMCT's form); on the CPU dynamic, the
+    # MatMuls outnumbering the convs (none), and the Gemm with them.
+    quantized = "QuantizeLinear" if target else "DynamicQuantizeMatMul"
+    assert counts[2][quantized] == (2 if not target else counts[2][quantized]) > 0, counts
+    assert counts[3]["FusedGemm"] == 2, counts
+
+
+@pytest.mark.parametrize("layer", ["MatMul", "Gemm"])
+def test_a_gemm_among_dynamic_matmuls_is_dynamic_too(tmp_path, layer):
+    """A Linear over 2-D rows, which exporters write as a Gemm (GPT-2's output projection in a
+    one-token decoder step), is quantized as the model's other layers are: dynamically where
+    its MatMuls are. Static, it alone kept the calibration's range, and an input beyond it was
+    clipped. An MLP of Gemms alone stays static, calibrated."""
+    rng = np.random.default_rng(6)
+    proto = parse_model(f"""
+        agraph (float[4, 32] x) => (float[4, 32] y) {{
+            h0 = {layer} (x, w0)
+            a0 = Relu (h0)
+            h1 = {layer} (a0, w1)
+            a1 = Relu (h1)
+            h2 = Gemm <transB = 1> (a1, w2, b2)
+            a2 = Relu (h2)
+            h3 = {layer} (a2, w3)
+            a3 = Relu (h3)
+            y = Gemm (a3, w4, b4)
+        }}""", **{f"w{i}": (rng.standard_normal((32, 32)) * 0.2).astype(np.float32)
+                  for i in range(5)},
+        b2=(rng.standard_normal(32) * 0.1).astype(np.float32),
+        b4=(rng.standard_normal(1) * 0.1).astype(np.float32))
+    result, out = _int8(proto, calibration=_calibration(tmp_path, shape=(4, 32)),
+                        quant_keep_ends=False)
+    ops = Counter(n.op_type for n in out.graph.node)
+    if layer == "MatMul":
+        assert ops["DynamicQuantizeMatMul"] == 5 and "QuantizeLinear" not in ops, ops
+        inputs = [n.input for n in out.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+        assert [len(i) for i in inputs] == [4, 4, 5, 4, 5]  # the Gemms' biases as [N]
+    else:
+        assert ops["QuantizeLinear"] > 0 and "DynamicQuantizeMatMul" not in ops, ops
+    onnx.checker.check_model(out)
+    # Dynamic, an input 4× beyond the calibration's is measured, not clipped.
+    feeds = {"x": (rng.standard_normal((4, 32)) * (4 if layer == "MatMul" else 1)).astype(
+        np.float32)}
+    assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.999
 
 
 def test_a_fused_conv_with_a_residual_input_is_not_split(tmp_path):

@@ -204,6 +204,31 @@ def _bias_after(node: Node) -> tuple[Node, Value] | None:
     return reader, other
 
 
+def gemm_as_matmul(graph, gemm: Node) -> Node:
+    """Gemm(A, W, c) (A not transposed, alpha = beta = 1, c a vector) as MatMul(A, W or Wᵀ) and
+    an Add of c as [N]: the form dynamic_matmul quantizes, absorbing the Add. The MatMul."""
+    weight = gemm.inputs[1].constant()
+    if gemm.attr("transB", 0):
+        weight = np.ascontiguousarray(weight.T)
+    out = gemm.outputs[0]
+    matmul = Node("MatMul", [gemm.inputs[0], graph.make_initializer(
+        f"{gemm.inputs[1].name}_kn", weight)], name=gemm.name, outputs=[Value(
+            graph.fresh_name(f"{out.name}_matmul"), DType.FLOAT, out.shape)])
+    graph.insert_before(gemm, matmul)
+    c = gemm.inputs[2] if len(gemm.inputs) > 2 else None
+    result = matmul.outputs[0]
+    if c is not None:
+        bias = np.ascontiguousarray(np.broadcast_to(c.constant().reshape(-1), (weight.shape[1],)))
+        add = Node("Add", [result, graph.make_initializer(f"{c.name}_n", bias)],
+                   name=graph.fresh_node_name(f"{gemm.name}/bias"), outputs=[Value(
+                       graph.fresh_name(f"{out.name}_biased"), DType.FLOAT, out.shape)])
+        graph.insert_before(gemm, add)
+        result = add.outputs[0]
+    replace_value(out, result)
+    graph.remove(gemm)
+    return matmul
+
+
 def dynamic_matmul(graph, node: Node, per_channel: bool) -> None:
     """MatMul(A, W) [+ b] → DynamicQuantizeMatMul(A, W int8, scale, 0, b); a BiasGelu(·, b)
     after it keeps a plain Gelu (FastGelu likewise)."""
