@@ -95,6 +95,30 @@ def test_lm_perplexity_scores_the_next_input_ids():
     assert "logits" in text and "on input_ids" in text and "top-1 agree" in text
 
 
+def test_a_masked_lm_is_scored_on_each_positions_own_token():
+    # Each position's logits read the whole sequence (a mean over it), as a bidirectional
+    # encoder's do: a masked LM predicts its own token, and the next one was the wrong target.
+    masked = LM.replace("logits = Gather(table, input_ids)", """
+      rows = Gather(table, input_ids)
+      context = ReduceMean <axes = [1], keepdims = 1> (rows)
+      logits = Add(rows, context)""")
+    table = RNG.standard_normal((7, 7)).astype(np.float32)
+    noisy = table + 0.3 * RNG.standard_normal((7, 7)).astype(np.float32)
+    ids = np.array([[1, 4, 2, 6, 0, 3]])
+    report = accuracy_report(parse_model(masked, table=table), parse_model(masked, table=noisy),
+                             {"input_ids": ids})
+    (out,) = report.outputs
+    assert out.kind == "lm" and out.targets == "own input_ids" and out.positions == 6
+
+    def logits(t):
+        rows = t[ids]
+        return rows + rows.mean(axis=1, keepdims=True)
+
+    assert np.isclose(out.perplexity[0], perplexity(logits(table), ids))
+    assert np.isclose(out.perplexity[1], perplexity(logits(noisy), ids))
+    assert "on own input_ids" in report.format()
+
+
 def test_lm_without_input_ids_scores_the_reference_argmax():
     table = RNG.standard_normal((7, 7)).astype(np.float32)
     proto = parse_model(LM.replace("input_ids", "tokens"), table=table)

@@ -17,7 +17,8 @@ random data in the reference's signature, as `graphopt compare` makes them); per
 - for LM-like outputs, perplexity exp(mean over positions of −log softmax(logits)[target]) of
   each model and the relative change cand/ref − 1. The targets are the next tokens of an
   integer [batch, seq] input named `input_ids` (position t predicts input_ids[:, t+1]) when
-  the feeds have one with seq ≥ 2; otherwise the reference's own argmax at each position (then
+  the feeds have one with seq ≥ 2, or the tokens at their own positions where the logits
+  change with a later token (a masked LM); otherwise the reference's own argmax at each position (then
   the reference's perplexity is its greedy confidence and the change says how much less sure
   the candidate is of the same tokens).
 """
@@ -75,7 +76,7 @@ class OutputAccuracy:
     cosine: float | None
     top1: float | None = None          # argmax agreement over rows
     perplexity: tuple[float, float] | None = None  # (reference, candidate)
-    targets: str = ""                  # "input_ids" or "reference argmax"
+    targets: str = ""                  # "input_ids", "own input_ids" or "reference argmax"
     note: str = ""
     worst_slice: tuple[float, int] | None = None  # (cosine, index) of the worst [:, i]
     sample: int | None = None          # which calibration sample the row is from (1-based)
@@ -144,14 +145,36 @@ def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
     return float(np.exp(-picked.mean()))
 
 
-def _lm_targets(ref: np.ndarray, feeds: dict) -> tuple[slice, np.ndarray, str]:
-    """(the positions scored, their target tokens, where the targets came from)."""
+def _lm_targets(ref: np.ndarray, feeds: dict, sees_ahead) -> tuple[slice, np.ndarray, str]:
+    """(the positions scored, their target tokens, where the targets came from). A causal LM
+    is scored on the next token; one whose logits see later tokens (`sees_ahead()`: a masked
+    LM such as RoBERTa's, which predicts the token at its own position) on its own."""
     ids = feeds.get("input_ids")
     batch, seq, vocab = ref.shape
     if (ids is not None and ids.dtype.kind in "iu" and ids.shape == (batch, seq) and seq >= 2
             and ids.min() >= 0 and ids.max() < vocab):
+        if sees_ahead():
+            return slice(0, seq), ids, "own input_ids"
         return slice(0, seq - 1), ids[:, 1:], "input_ids"
     return slice(0, seq), ref.argmax(axis=-1), "reference argmax"
+
+
+def _sees_ahead(run, arrays: dict, name: str, ref: np.ndarray) -> bool:
+    """Whether the logits `name` (`ref` on `arrays`) at earlier positions change when the last
+    token of input_ids does: a bidirectional (masked) LM's do, a causal LM's do not. The last
+    token becomes another id the feeds already hold, which the model takes."""
+    ids = arrays["input_ids"]
+    last = ids[:, -1]
+    other = np.where(last == ids.min(), ids.max(), ids.min())
+    if np.array_equal(other, last):  # one id throughout: nothing to change it to
+        return False
+    changed = ids.copy()
+    changed[:, -1] = other
+    probe = np.asarray(run({**arrays, "input_ids": changed}, [])[name])
+    if probe.shape != ref.shape:
+        return False
+    before, after = ref[:, :-1].astype(np.float64), probe[:, :-1].astype(np.float64)
+    return bool(np.abs(after - before).max() > 1e-4 * max(np.abs(before).max(), 1e-30))
 
 
 # The report runs on this many calibration samples at most and shows each output's worst cosine
@@ -417,7 +440,8 @@ def _measure(ref_side: Side, cand_side: Side, arrays: dict, source: str) -> Accu
             entry.top1 = float(np.mean(ref.argmax(axis=axis) == cand.argmax(axis=axis)))
             entry.rows = int(ref.size // ref.shape[axis])
             if entry.kind == "lm" and ref.size:
-                positions, targets, entry.targets = _lm_targets(ref, arrays)
+                positions, targets, entry.targets = _lm_targets(
+                    ref, arrays, lambda: _sees_ahead(ref_side.run, arrays, name, ref))
                 entry.perplexity = (perplexity(ref[:, positions], targets),
                                     perplexity(cand[:, positions], targets))
                 entry.positions = int(targets.size)
