@@ -411,6 +411,16 @@ def test_matmuls_become_dynamic_quantize_matmul_with_their_bias(tmp_path):
     assert _loaded_ops(out, tmp_path)["DynamicQuantizeMatMul"] == 2
 
 
+def test_an_add_skipped_between_dynamic_layers_is_said_to_run_in_float(tmp_path):
+    # Between DynamicQuantizeMatMuls, whose outputs are float, an Add runs in float already:
+    # the note had said it runs on their int8 codes.
+    result, _ = _int8(_matmul_model(), calibration=_calibration(tmp_path, (2, 16, 32)),
+                      quant_keep_ends=False, quant_skip={"Add", "Relu"})
+    (note,) = [n for n in result.notes if "names no layer" in n]
+    assert note.endswith("it runs in float already, between layers quantized dynamically, "
+                         "whose outputs are float"), note
+
+
 @pytest.mark.parametrize("activation,plain", [("BiasGelu", "Gelu"), ("FastGelu", "FastGelu")])
 def test_a_biased_gelu_hands_its_bias_to_the_dynamic_matmul(tmp_path, activation, plain):
     """MatMul → BiasGelu(·, b): the bias goes into DynamicQuantizeMatMul's bias input and a

@@ -362,10 +362,16 @@ def non_layer_skips(graph: Graph, skip: set[str], form: str, pass_name: str) -> 
             and all(kind(n, form) is None for n in named)]
     if not idle:
         return None
-    return (f"{pass_name}: {option('quant_skip')} {', '.join(map(repr, idle))} names no layer "
-            "it quantizes (Conv, Gemm, MatMul, Attention and their fused forms): an op between "
-            "quantized layers, such as an Add or a MaxPool, runs on their int8 codes; skip the "
-            "layers around it to keep it in float")
+    head = (f"{pass_name}: {option('quant_skip')} {', '.join(map(repr, idle))} names no layer "
+            "it quantizes (Conv, Gemm, MatMul, Attention and their fused forms): ")
+    layers = [(n, how) for n in nodes if (how := kind(n, form)) is not None]
+    if form == "onnxruntime" and layers and all(
+            how == "dynamic" for _, how in _gemms_as_the_other_layers(layers)):
+        # A transformer's layers are all dynamic: their outputs are float, and so is an Add.
+        return head + ("it runs in float already, between layers quantized dynamically, "
+                       "whose outputs are float")
+    return head + ("an op between quantized layers, such as an Add or a MaxPool, runs on "
+                   "their int8 codes; skip the layers around it to keep it in float")
 
 
 KEPT_BY_GATE = "held back by the rewrite gate"

@@ -54,6 +54,7 @@ from graphopt.quant.calib_data import read_calibration
 from graphopt.quant.calibrate import gram_matrices
 from graphopt.quant.select import KEPT_BY_GATE, kept_by_skip, skipped, unmatched_skips
 from graphopt.quant.unfused_activations import join_float_activations, split_activations
+from graphopt.table import format_bytes
 
 MS = "com.microsoft"
 _FLOATS = (DType.FLOAT, DType.FLOAT16)
@@ -445,7 +446,8 @@ def _summary(stats: dict, tables: int, tied: list[int], before: int, after: int,
 def _float_weights_left(graph) -> str:
     """What the summary's figures leave out: the bytes of float weights (constants of rank ≥ 2)
     that stay as they were, by the ops that read them, e.g. "; 2.10 MiB of float weights
-    stay (Conv ×12, Gather)"; "" when none do."""
+    stay (Conv ×12, Gather)"; "" when none do. In the units that show a small amount (a Llama's
+    RMSNorm scales read as "0.00 MiB")."""
     left, readers = 0, {}
     for value in graph.initializers.values():
         tensor = value.const
@@ -460,7 +462,7 @@ def _float_weights_left(graph) -> str:
     ops = sorted(readers.items(), key=lambda item: (-item[1], item[0]))
     named = ", ".join(op if n == 1 else f"{op} ×{n}" for op, n in ops[:4])
     more = f", +{len(ops) - 4} op type(s)" if len(ops) > 4 else ""
-    return f"; {left / 2**20:.2f} MiB of float weights stay ({named}{more})"
+    return f"; {format_bytes(left)} of float weights stay ({named}{more})"
 
 
 def _block_scales(value) -> bool:
