@@ -49,7 +49,8 @@ def print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weig
             and pass_name in changed and (fitted_ranges or args.quantize != "int8"):
         fitted = "its int8 ranges were" if args.quantize == "int8" else "GPTQ's rounding was"
         print(f"note: measured on the calibration data, which {fitted} fitted to; inputs "
-              "it did not see may agree less (--verify --inputs FILE.npz reports on those)")
+              "it did not see may agree less (graphopt compare MODEL OUTPUT --samples "
+              "HELD_OUT.npz reports on those)")
     if _runs_on_this_cpu(args):
         print_speed(args, reference, report.feeds, changed)
 

@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   graphopt compare model.onnx model.opt.onnx --per-tensor    # and every shared intermediate
   graphopt compare model.onnx model.om --inputs x.npz --csv report.csv
   graphopt compare model.onnx model_fp16.onnx --min-cosine 0.999 --json
+  graphopt compare model.onnx model_int8.om --samples held_out/   # accuracy over many samples
 
 The exit status is 0 when every output passes, 1 when any fails and 2 on an error (an
 unreadable model, bad --inputs), as cmp's and diff's are. Intermediates are informative:
@@ -38,6 +39,12 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input "
                         "(default: seeded random data)")
+    p.add_argument("--samples", type=path_text, metavar="DATA",
+                   help="compare on every sample of DATA, an .npz of stacked samples or a "
+                        "directory of .npz files in any layout --calibration takes, and print "
+                        "the accuracy report over them: each output's worst cosine, top-1 "
+                        "agreement and perplexity over all samples, and on which samples the "
+                        "rule fails")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
     p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
@@ -73,6 +80,15 @@ def check_rule_options(args) -> None:
 
 def _check_options(args) -> None:
     check_rule_options(args)
+    if args.samples:
+        given = [flag for flag, value in (("--inputs", args.inputs), ("--seed", args.seed),
+                                          ("--input-shape", args.input_shape),
+                                          ("--per-tensor", args.per_tensor),
+                                          ("--csv", args.csv), ("--json", args.json))
+                 if value not in (None, False)]
+        if given:
+            raise OptionError(f"--samples reports over every sample of its data; {given[0]} "
+                              "applies to a comparison on one input: drop one or the other")
     if args.seed is not None and args.inputs:
         raise OptionError("--seed only applies to random inputs; drop it or --inputs")
     if args.input_shape and args.inputs:
@@ -114,6 +130,8 @@ def _cmd_compare(args) -> int:
     reference, candidate = load_reference(args.reference), load_candidate(args.candidate)
     pass_log = _pass_log(candidate)
     judge, note = accuracy_rule(pass_log, args.rtol, args.atol, args.min_cosine)
+    if args.samples:
+        return _compare_samples(args, reference, candidate, judge, note)
     report = compare_models(
         reference, candidate, args.inputs, per_tensor=args.per_tensor, **judge,
         seed=0 if args.seed is None else args.seed, input_shapes=args.input_shape,
@@ -128,3 +146,32 @@ def _cmd_compare(args) -> int:
     if args.csv and not args.json:
         print(f"wrote {args.csv}")
     return 0 if report.passed else 1
+
+
+def _compare_samples(args, reference, candidate, judge: dict, note: str) -> int:
+    """--samples: the accuracy report over every sample, then the rule compare judges each
+    sample by, and the samples it fails on. Exit 1 when any fails."""
+    from graphopt.tools.accuracy import accuracy_report
+    from graphopt.tools.compare import compare_models
+    from graphopt.tools.rule_text import rule_text
+
+    report = accuracy_report(reference, candidate, calibration=args.samples, samples=None)
+    failed = []
+    for number, sample in enumerate(report.samples or [report.feeds], 1):
+        run = compare_models(reference, candidate, sample, **judge,
+                             rounding=args.rtol is None and args.atol is None)
+        if not run.passed:
+            names = ", ".join(repr(row.name) for row in run.outputs if not row.passed)
+            failed.append(f"{number} ({names})")
+    print(report.format())
+    if note:
+        print(f"note: {note}")
+    count = len(report.samples) or 1
+    rule = rule_text(judge["rtol"], judge["atol"], judge["min_cosine"])
+    if failed:
+        shown = ", ".join(failed[:10]) + (f", and {len(failed) - 10} more" if len(failed) > 10
+                                            else "")
+        print(f"fails {rule} on {len(failed)} of {count} sample(s): {shown}")
+        return 1
+    print(f"passes {rule} on all {count} sample(s)")
+    return 0

@@ -116,6 +116,32 @@ def test_perturbed_copy_fails_and_names_the_perturbed_node(files, capsys):
     assert not report.passed
 
 
+def test_samples_report_over_every_sample_and_name_those_the_rule_fails_on(tmp_path, capsys):
+    # A held-out set: the accuracy report over all samples, and the samples compare's rule
+    # fails on. The candidate differs only where x is positive in the first column.
+    ref = parse_model("agraph (float[1,4] x) => (float[1,4] y) { y = Relu(x) }")
+    cand = parse_model("agraph (float[1,4] x) => (float[1,4] y) { r = Relu(x)\n y = Mul(r, k) }",
+                       k=np.array([1.5, 1, 1, 1], np.float32))
+    onnx.save(ref, tmp_path / "r.onnx")
+    onnx.save(cand, tmp_path / "c.onnx")
+    x = np.ones((5, 1, 4), np.float32)
+    x[[0, 2, 4], 0, 0] = -1.0  # samples 2 and 4 have a positive first column
+    np.savez(tmp_path / "held.npz", x=x)
+    rc, out, _ = run_cli(capsys, "compare", tmp_path / "r.onnx", tmp_path / "c.onnx",
+                         "--samples", tmp_path / "held.npz")
+    assert rc == 1
+    assert "samples 1-5 of 5" in out
+    assert out.rstrip().endswith("fails allclose(rtol=0.0001, atol=1e-05) on 2 of 5 sample(s): "
+                                 "2 ('y'), 4 ('y')"), out
+    rc, out, _ = run_cli(capsys, "compare", tmp_path / "r.onnx", tmp_path / "r.onnx",
+                         "--samples", tmp_path / "held.npz")
+    assert rc == 0 and out.rstrip().endswith(
+        "passes allclose(rtol=0.0001, atol=1e-05) on all 5 sample(s)"), out
+    rc, _, err = run_cli(capsys, "compare", tmp_path / "r.onnx", tmp_path / "c.onnx",
+                         "--samples", tmp_path / "held.npz", "--json")
+    assert rc == 2 and "--json applies to a comparison on one input" in err
+
+
 def test_a_failing_intermediate_alone_does_not_fail_the_exit_status(tmp_path, capsys):
     # The candidate's intermediate `t` differs, but Relu makes both outputs 0 on negative inputs.
     ref = parse_model("agraph (float[4] x) => (float[4] y) { t = Neg(x)\n y = Relu(t) }")

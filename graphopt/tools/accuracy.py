@@ -101,6 +101,7 @@ class AccuracyReport:
     warnings: list[str] = field(default_factory=list)  # printed under the table
     feeds: dict | None = None  # what the (first) sample fed, for a speed check on the same
     notes: list[str] = field(default_factory=list)  # printed after the warnings
+    samples: list[dict] = field(default_factory=list)  # every sample's feeds, from calibration
 
     @property
     def min_cosine(self) -> float | None:
@@ -184,10 +185,10 @@ REPORT_SAMPLES = 8
 
 
 def calibration_feeds(path, reference: Side, candidate: Side,
-                      limit: int = REPORT_SAMPLES) -> tuple[list[dict], str]:
-    """The first `limit` samples of the calibration data at `path` (an .npz or a directory, in
-    any layout calibration takes), cast to the inputs' dtypes as calibration casts them, and
-    their label. The dims are the reference's, with those the candidate pins where the
+                      limit: int | None = REPORT_SAMPLES) -> tuple[list[dict], str]:
+    """The first `limit` (None: all) samples of the calibration data at `path` (an .npz or a
+    directory, in any layout calibration takes), cast to the inputs' dtypes as calibration
+    casts them, and their label. The dims are the reference's, with those the candidate pins where the
     reference's are open: of the first of its shape profiles the data fits, when it has
     several."""
     profiles = getattr(candidate.session, "profiles", None) or [None]
@@ -248,24 +249,26 @@ def _unmatched_half_values(reference: Side, candidate: Side) -> dict[str, HalfVa
 
 def accuracy_report(reference, candidate, feeds=None, *, seed: int = 0,
                     input_shapes: dict | str | None = None, calibration=None,
-                    reference_label: str | None = None) -> AccuracyReport:
+                    reference_label: str | None = None,
+                    samples: int | None = REPORT_SAMPLES) -> AccuracyReport:
     """Run `reference` and `candidate` (.onnx paths or ModelProtos; the candidate may be an .om
-    path) on `feeds` (a dict or an .npz path), or on the first samples of `calibration` (an .npz
-    or a directory of them, as the calibration option takes), or else on seeded random data
-    (`input_shapes` pinning dynamic dims), and measure each output as this module's docstring
-    says. `reference_label` names a reference given as a ModelProto in the report."""
+    path) on `feeds` (a dict or an .npz path), or on the first `samples` samples of
+    `calibration` (an .npz or a directory of them, as the calibration option takes; None: all),
+    or else on seeded random data (`input_shapes` pinning dynamic dims), and measure each
+    output as this module's docstring says. `reference_label` names a reference given as a
+    ModelProto in the report."""
     ref_side, cand_side = load_reference(reference), load_candidate(candidate)
     if reference_label is not None:
         ref_side.label = reference_label
     ref_side, _ = with_candidates_edits(ref_side, cand_side)  # as compare runs it
     check_signatures(ref_side, cand_side)
     if feeds is None and calibration is not None:
-        samples, source = calibration_feeds(calibration, ref_side, cand_side)
-        reports = [_measure(ref_side, cand_side, make_feeds(ref_side, cand_side, sample, seed,
-                                                            input_shapes)[0], source)
-                   for sample in samples]
-        return _with_source_notes(_worst_of(reports) if len(reports) > 1 else reports[0],
-                                  ref_side)
+        fed, source = calibration_feeds(calibration, ref_side, cand_side, samples)
+        fed = [make_feeds(ref_side, cand_side, sample, seed, input_shapes)[0] for sample in fed]
+        reports = [_measure(ref_side, cand_side, sample, source) for sample in fed]
+        report = _worst_of(reports) if len(reports) > 1 else reports[0]
+        report.samples = fed
+        return _with_source_notes(report, ref_side)
     arrays, source = make_feeds(ref_side, cand_side, feeds, seed, input_shapes)
     try:
         return _with_source_notes(_measure(ref_side, cand_side, arrays, source), ref_side)
