@@ -321,7 +321,7 @@ class Graph:
         users: dict[int, list[Node]] = {id(n): [] for n in nodes}
         for node in nodes:
             producers = set()
-            for value in _read_values(node):
+            for value in read_values(node):
                 prod = _local_producer(value, self)
                 if prod is not None and id(prod) != id(node):
                     producers.add(id(prod))
@@ -354,7 +354,7 @@ class Graph:
         imported model and most passes' results already are)."""
         seen: set[int] = set()
         for node in nodes:
-            reads = node._inputs if not node.attrs else list(_read_values(node))
+            reads = node._inputs if not node.attrs else list(read_values(node))
             for value in reads:
                 if value is None:
                     continue
@@ -415,7 +415,7 @@ class _Namespace:
         return name
 
 
-def _read_values(node: Node) -> Iterator[Value]:
+def read_values(node: Node) -> Iterator[Value]:
     """Values a node reads: its inputs and the outer values its subgraphs capture."""
     for value in node.inputs:
         if value is not None:

@@ -17,6 +17,7 @@ import numpy as np
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.errors import one_line
 from graphopt.ir import DType, Graph, Model, Node, Tensor, Value
+from graphopt.ir.graph import read_values
 from graphopt.ir.pattern import Match, Matcher, Miss, OpPattern, PatternBuilder, Var
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import Pass, PassContext, PassResult
@@ -344,12 +345,14 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
         for node in reversed(builder.created):
             graph.remove(node)
         return False
+    # The new ops sit at the root: a node between an exposed node and the op that now makes
+    # its value may read it too early. Only those nodes can, so only they are looked at.
+    between = {name: _nodes_between(match.bindings[name], value.producer)
+               for name, value in kept.items()}
     for name, value in kept.items():  # not graph outputs: deletable refuses those
         inner = match.bindings[name].output
         value.dtype, value.shape = inner.dtype, inner.shape
         replace_value(inner, value)
-    if kept:  # the new op sits at the root: a reader of what it exposes may come before it
-        graph.sort()
     removed = True
     while removed:  # repeat: a node shared inside the match (a diamond) dies after its readers
         removed = False
@@ -358,7 +361,43 @@ def apply(model: Model, graph: Graph, rule: Rule, match: Match, root_output: int
                                                for v in node._outputs):
                 graph.remove(node)
                 removed = True
+    # After the dead matched nodes are gone (they read the exposed value, and sorted a whole
+    # transformer after each of its 2·L rewrites: quadratic, 5 minutes at 1000 layers).
+    for name, value in kept.items():
+        if not _made_in_time(graph, value, between[name], builder.created):
+            graph.sort()
+            break
     return True
+
+
+def _made_in_time(graph: Graph, value: Value, between: list[Node], created: list[Node]) -> bool:
+    """Whether `value` is made before every node of `between` that reads it, once its producer
+    (a new op) has moved, where it can, to just before the first of them: its inputs are made
+    before there (FlattenedGemm's flattening of x, onnxsim's shared by the Q, K and V Gemms
+    that follow it). False when the graph needs sorting."""
+    readers = [i for i, node in enumerate(between)
+               if node.graph is graph and any(v is value for v in read_values(node))]
+    if not readers:
+        return True
+    producer, later = value.producer, {id(node) for node in between[readers[0]:]}
+    made_after = later | {id(node) for node in created if node is not producer}
+    if any(v.producer is not None and id(v.producer) in made_after
+           for v in read_values(producer)):
+        return False
+    graph.move_before(between[readers[0]], producer)
+    return True
+
+
+def _nodes_between(first: Node, last: Node | None) -> list[Node]:
+    """The nodes after `first` and before `last` in graph order (none without `last`: a value
+    no node makes is there from the start)."""
+    if last is None:
+        return []
+    found, node = [], first._next
+    while node is not None and node is not last:
+        found.append(node)
+        node = node._next
+    return found
 
 
 def _read_outside(match: Match, names: tuple[str, ...]) -> frozenset[str]:
