@@ -274,6 +274,8 @@ def test_vit_block_with_unbound_packed_qkv_fuses_into_one_attention(take):
     assert packed.inputs[0].name == "x" and packed.attr("num_heads") == N
     weights = numpy_helper.to_array(proto.graph.initializer[0])
     assert np.array_equal(packed.inputs[1].constant(), weights)  # Q, K, V in place already
+    # ... and the projection's own weight, shared: not a copy held in memory.
+    assert packed.inputs[1].name == proto.graph.initializer[0].name
     check_numerics(proto, result.model)
 
 

@@ -42,12 +42,14 @@ def read_model_proto(path: str | os.PathLike, load_external: bool = True) -> Mod
     refuse_device(path)
     try:
         with open(path, "rb") as f:
+            # The magic first: an .om of several GB is refused without being read whole.
+            if f.read(len(ZIP_MAGIC)) == ZIP_MAGIC:  # protobuf would fail with a baffling reason
+                raise InputError(f"{path}: a zip archive (a graphopt .om?), not an ONNX model; "
+                                 "give the .onnx it was compiled from")
+            f.seek(0)
             data = f.read()
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror}") from None
-    if data.startswith(ZIP_MAGIC):  # protobuf would fail on it with a baffling reason
-        raise InputError(f"{path}: a zip archive (a graphopt .om?), not an ONNX model; give the "
-                         ".onnx it was compiled from")
     proto = ModelProto()
     try:
         proto.ParseFromString(data)

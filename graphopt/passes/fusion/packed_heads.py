@@ -203,12 +203,20 @@ class PackedProjectionAttention(HandMatchedRule):
         return None
 
     def rewrite(self, op, x, w, b, slices, root, attention_bias=None, swap_x=False):
-        weight = w.constant()
+        width, dtype = w.shape[1], w.dtype.numpy
         if swap_x:
             x = op.Transpose(x, perm=[1, 0, 2])
-        columns = [_columns(s, weight.shape[1]) for s in slices]
-        weights = np.concatenate([weight[:, lo:hi] for lo, hi in columns], axis=1)
-        biases = np.concatenate([np.zeros(hi - lo, weight.dtype) if b is None
+        columns = [_columns(s, width) for s in slices]
+        # Q, K and V in the weight's own order, all of it (timm's fused qkv): the weight is
+        # the packed one already, shared rather than copied (a ViT-H of 2.5 GB had held every
+        # layer's qkv weight in memory, 1.3 GB peak against 0.75).
+        if [bound for span in columns for bound in span] == \
+                [0, *(bound for _, hi in columns[:-1] for bound in (hi, hi)), width]:
+            weights = w
+        else:
+            weights = op.const(np.concatenate([w.constant()[:, lo:hi] for lo, hi in columns],
+                                              axis=1).astype(dtype, copy=False))
+        biases = np.concatenate([np.zeros(hi - lo, dtype) if b is None
                                  else b.constant().reshape(-1)[lo:hi] for lo, hi in columns])
         widths = [hi - lo for lo, hi in columns]
         heads = root.attr("num_heads")
@@ -218,8 +226,7 @@ class PackedProjectionAttention(HandMatchedRule):
         sizes = {"qkv_hidden_sizes": widths} if widths[2] != widths[0] else {}
         # Attention's inputs 3 and 4 (mask_index, past) stay empty; 5 is the attention bias.
         extra = [None, None, attention_bias] if attention_bias is not None else []
-        return op.Attention(x, op.const(weights.astype(weight.dtype)),
-                            op.const(biases.astype(weight.dtype)), *extra, _domain=MS,
+        return op.Attention(x, weights, op.const(biases.astype(dtype)), *extra, _domain=MS,
                             num_heads=heads, scale=scale,
                             unidirectional=root.attr("unidirectional", 0), **sizes)
 
