@@ -45,11 +45,12 @@ def _named(entry: str) -> Dim:
     derives, is that product of its numbers and names, so that it meets B where the ops show it
     (a Reshape [-1, 4, 64, 16] of [4*B, 64, 16] is [B, 4, 64, 16])."""
     parts = entry.split("*")
-    if len(parts) == 1 or not all(p.isdigit() or p.isidentifier() for p in parts):
+    number = [p.isascii() and p.isdigit() for p in parts]  # "²" is a digit int() refuses
+    if len(parts) == 1 or not all(n or p.isidentifier() for n, p in zip(number, parts)):
         return (1, (entry,))
     c, names = 1, []
-    for p in parts:
-        if p.isdigit():
+    for p, n in zip(parts, number):
+        if n:
             c *= int(p)
         else:
             names.append(p)

@@ -18,9 +18,9 @@ random data in the reference's signature, as `graphopt compare` makes them); per
   each model and the relative change cand/ref − 1. The targets are the next tokens of an
   integer [batch, seq] input named `input_ids` (position t predicts input_ids[:, t+1]) when
   the feeds have one with seq ≥ 2, or the tokens at their own positions where the logits
-  change with a later token (a masked LM); otherwise the reference's own argmax at each position (then
-  the reference's perplexity is its greedy confidence and the change says how much less sure
-  the candidate is of the same tokens).
+  change with a later token (a masked LM); otherwise the reference's own argmax at each
+  position (then the reference's perplexity is its greedy confidence and the change says how
+  much less sure the candidate is of the same tokens).
 """
 
 from __future__ import annotations

@@ -446,8 +446,8 @@ def _summary(stats: dict, tables: int, tied: list[int], before: int, after: int,
 def _float_weights_left(graph) -> str:
     """What the summary's figures leave out: the bytes of float weights (constants of rank ≥ 2)
     that stay as they were, by the ops that read them, e.g. "; 2.10 MiB of float weights
-    stay (Conv ×12, Gather)"; "" when none do. In the units that show a small amount (a Llama's
-    RMSNorm scales read as "0.00 MiB")."""
+    stay (Conv ×12, Gather)"; "" when none do. In units that show a small amount (a few
+    hundred bytes had read "0.00 MiB")."""
     left, readers = 0, {}
     for value in graph.initializers.values():
         tensor = value.const
