@@ -387,9 +387,9 @@ def test_a_lossy_candidate_onnx_runs_at_the_level_a_deployment_does(tmp_path, mo
     from graphopt import numerics
 
     levels = []
-    run = numerics.run
-    monkeypatch.setattr(numerics, "run", lambda model, feeds, level="disable":
-                        levels.append(level) or run(model, feeds, level))
+    session = numerics.session
+    monkeypatch.setattr(numerics, "session", lambda model, level="disable", **settings:
+                        levels.append(level) or session(model, level, **settings))
     quantized, proto = _symmetric_int8(tmp_path)
     levels.clear()
     accuracy_report(proto, quantized)
@@ -603,10 +603,10 @@ def test_per_tensor_leaves_the_output_rows_of_a_quantized_onnx_as_deployed(tmp_p
 
     quantized, proto = _symmetric_int8(tmp_path)
     runs = []
-    run = numerics.run
-    monkeypatch.setattr(numerics, "run", lambda model, feeds, level="disable", **settings:
+    session = numerics.session
+    monkeypatch.setattr(numerics, "session", lambda model, level="disable", **settings:
                         runs.append((level, len(model.graph.output)))
-                        or run(model, feeds, level, **settings))
+                        or session(model, level, **settings))
     report = compare_models(proto, quantized, min_cosine=0.9, per_tensor=True)
     assert "h" in {row.name for row in report.intermediates}
     # The reference with h exposed; the candidate as deployed, then with h exposed.
