@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ def ort_reason(error: Exception, limit: int = 400) -> str:
     lines = [line.strip() for line in str(error).strip().splitlines()]
     text = without_source_location(" ".join(line for line in lines
                                             if line and line not in _BOILERPLATE))
+    # A model loaded from its file: the caller names the file already.
+    text = re.sub(r"Load model from .*? failed:\s*", "", text, count=1)
     if not text:
         return type(error).__name__
     return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -53,6 +53,9 @@ class Side:
     # The proto's session for runs without extra outputs, made once: compare --samples and
     # the accuracy report run one side per sample (BERT-base's session takes ~0.5 s to make).
     _session: tuple | None = field(default=None, repr=False, compare=False)  # (level, session)
+    # The file the proto was read from, as read: onnxruntime opens it there rather than from
+    # the proto serialized again (one more copy of the weights; past 2 GiB, a copy on disk).
+    path: str | None = None
 
     def tensors_for(self, feeds: Mapping[str, object]) -> list[Tensor]:
         """The computed values of the plan `feeds` run: an .om's shape profile they match."""
@@ -120,7 +123,8 @@ class Side:
         """The proto's outputs alone, on the session made for them at its first run."""
         try:
             if self._session is None or self._session[0] != self.level:
-                self._session = (self.level, numerics.session(self.proto, self.level))
+                source = self.path if self.path is not None else self.proto
+                self._session = (self.level, numerics.session(source, self.level))
             session = self._session[1]
             names = [o.name for o in session.get_outputs()]
             runner = numerics.typed_runner(session) or session.run
@@ -216,7 +220,8 @@ def _onnx_side(model, label: str, om_too: bool = True) -> Side:
         raise InputError(f"{label}: graph '{proto.graph.name}' has no outputs (nothing to "
                          "compute)")
     return Side(label, typed_inputs(proto), [vi.name for vi in proto.graph.output],
-                proto=proto, tensors=_computed(proto.graph))
+                proto=proto, tensors=_computed(proto.graph),
+                path=None if isinstance(model, onnx.ModelProto) else label)
 
 
 def with_candidates_edits(reference: Side, candidate: Side) -> tuple[Side, list[str]]:
