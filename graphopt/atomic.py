@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from typing import BinaryIO, Iterator
 
 from graphopt.errors import OutputError
+from graphopt.interrupts import interrupts_deferred
 
 # What a write into the temporary file fails with when the destination cannot take it; any
 # other OSError raised by the caller's code is the caller's (a failed read, say).
@@ -46,16 +47,17 @@ def _final_mode(path: str) -> int:
 
 def _fsync_dir(directory: str) -> None:
     # Makes the rename itself durable; not every platform or filesystem lets a directory be opened.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with interrupts_deferred():  # a Ctrl-C between open and close leaked the descriptor
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 # A check of a finished file before it replaces its destination (--verify runs the .om it
@@ -101,11 +103,14 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
         except OSError as exc:
             raise cannot_write(path, exc) from None
         return
-    fd, tmp = _temporary(path)
     # No `with` on the file: its close flushes again, and on a full disk that second failure
     # would replace the OutputError below with a bare OSError.
-    f = os.fdopen(fd, "wb")
+    f = tmp = None
     try:
+        # A Ctrl-C between mkstemp and the handler below leaked the descriptor and the file.
+        with interrupts_deferred():
+            fd, tmp = _temporary(path)
+            f = os.fdopen(fd, "wb")
         try:
             yield f
         except OSError as exc:
@@ -128,10 +133,13 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             raise cannot_write(path, exc) from None
     except BaseException:
         # BaseException too: a KeyboardInterrupt mid-write must not leave a stray temp file.
-        with contextlib.suppress(OSError):
-            f.close()  # closes the descriptor even when its flush fails
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        with interrupts_deferred():
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()  # closes the descriptor even when its flush fails
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         raise
     _fsync_dir(directory)
 

@@ -7,6 +7,7 @@ import ctypes
 import math
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from graphopt.codegen.feeds import random_array, random_value, typed_entry, valu
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.dims import read_dim
 from graphopt.errors import GraphoptError, InputError
+from graphopt.interrupts import interrupts_deferred
 from graphopt.option_names import from_command_line, option
 from graphopt.ort_messages import without_source_location
 from graphopt.tools import metrics
@@ -109,12 +111,21 @@ def optimized_by_onnxruntime(model: ModelProto, level: str,
     options.graph_optimization_level = LEVELS[level]
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 4  # a refusal is the caller's to report, not a log line
-    with tempfile.TemporaryDirectory(prefix="graphopt-ort-") as folder:
+    # Not TemporaryDirectory: a Ctrl-C landing in its creation or its cleanup left the folder
+    # (a copy of the model in it) in the temporary directory, and a descriptor open.
+    folder = None
+    try:
+        with interrupts_deferred():
+            folder = tempfile.mkdtemp(prefix="graphopt-ort-")
         options.optimized_model_filepath = os.path.join(folder, "optimized.onnx")
         ort.InferenceSession(model.SerializeToString(), options,
                              providers=["CPUExecutionProvider"],
                              disabled_optimizers=disabled_optimizers or None)
         return onnx.load(options.optimized_model_filepath)
+    finally:
+        if folder is not None:
+            with interrupts_deferred():
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _concrete_shape(info: onnx.ValueInfoProto, dims: dict[str, int],

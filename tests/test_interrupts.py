@@ -45,3 +45,51 @@ def test_the_blocks_own_error_wins_and_nothing_is_held_after(sigterm_raises):
         pass  # no signal: nothing raised
     with pytest.raises(Stopped):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler is back
+
+
+def _interrupt_after(monkeypatch, owner, name):
+    """`owner.name` made to deliver a Ctrl-C as it returns, as a signal landing right after
+    it would."""
+    real = getattr(owner, name)
+
+    def interrupted(*args, **kwargs):
+        result = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_a_ctrl_c_right_after_the_temporary_file_is_made_leaves_nothing(tmp_path, monkeypatch):
+    # It had landed between mkstemp and the handler that removes the file: a service catching
+    # KeyboardInterrupt around graphopt.save kept the descriptor and a stray .tmp file.
+    import tempfile
+
+    from graphopt.atomic import atomic_write
+
+    _interrupt_after(monkeypatch, tempfile, "mkstemp")
+    before = _open_fds()
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(tmp_path / "model.om") as f:
+            f.write(b"bytes")
+    assert os.listdir(tmp_path) == [] and _open_fds() == before
+
+
+def test_a_ctrl_c_between_a_collections_freeze_and_unfreeze_leaves_the_heap_unfrozen(
+        monkeypatch):
+    # The heap had stayed frozen for the rest of the process: garbage the caller dropped was
+    # never collected again.
+    import gc
+
+    from graphopt.ir import collector
+
+    assert gc.get_freeze_count() == 0
+    _interrupt_after(monkeypatch, gc, "freeze")
+    with pytest.raises(KeyboardInterrupt):
+        collector._collect_all()
+    assert gc.get_freeze_count() == 0

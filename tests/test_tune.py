@@ -1384,6 +1384,16 @@ def test_a_ctrl_c_between_a_trials_creation_and_its_objective_leaves_it_failed(
     assert not {"create_new_trial", "set_trial_state_values"} & set(vars(study._storage))
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "FAIL"]
 
+    # Optuna's own error on top of the interrupt (its trial runner reads a variable the
+    # interrupted code never set) reached a library caller, who catches KeyboardInterrupt.
+    def stopped_under_optunas_error(trial):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise UnboundLocalError("cannot access local variable 'updated_state'")
+    with pytest.raises(KeyboardInterrupt):
+        optimize_failing_on_interrupt(study, stopped_under_optunas_error, n_trials=1)
+
 
 def test_a_ctrl_c_that_lands_as_the_new_trials_commit_returns_leaves_it_failed(
         a310, tmp_path, monkeypatch):

@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from graphopt.interrupts import interrupts_deferred
+
 
 # The collector's switches are process-wide, and compiles may run in several threads: the
 # first block in pauses it, the last one out restores what the first found. Saving and
@@ -67,13 +69,15 @@ def _collect_all() -> None:
     collection has just made anyway)."""
     global _moved, _long_lived
     thawed = _frozen and _unfreeze_after
-    if thawed:
-        gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-    _moved, _long_lived = 0, gc.get_freeze_count()
-    if not thawed:
-        gc.unfreeze()
+    # A Ctrl-C between freeze and unfreeze had left the heap frozen for good.
+    with interrupts_deferred():
+        if thawed:
+            gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        _moved, _long_lived = 0, gc.get_freeze_count()
+        if not thawed:
+            gc.unfreeze()
 
 
 def collect_if_due() -> None:
@@ -107,30 +111,38 @@ def collection_paused() -> Iterator[None]:
     and frees almost none, yet every 700 allocations start a collection and each full one
     re-walks everything built so far: at 100k nodes that was half the import's time."""
     global _paused, _enable_after
-    with _LOCK:
-        if _paused == 0:
-            _enable_after = gc.isenabled()
-            gc.disable()
-        _paused += 1
-        _paused_in[threading.get_ident()] += 1
+    entered = False
     try:
+        with interrupts_deferred(), _LOCK:
+            if _paused == 0:
+                _enable_after = gc.isenabled()
+                gc.disable()
+            _paused += 1
+            _paused_in[threading.get_ident()] += 1
+            entered = True
         yield
     finally:
-        with _LOCK:
-            _paused -= 1
-            _paused_in[threading.get_ident()] -= 1
-            if _paused == 0:
-                if not gc.get_freeze_count():
-                    # What the block built would otherwise wait in the youngest generation
-                    # and be walked three times over (young, middle, old; 0.7 s for the first
-                    # alone at 100k nodes) before settling where it belongs. freeze +
-                    # unfreeze moves every tracked object to the oldest generation without
-                    # walking it; skipped when objects are kept frozen, which unfreeze would
-                    # release.
-                    _freeze()
-                    gc.unfreeze()
-                if _enable_after:
-                    gc.enable()
+        if entered:  # an interrupt before the entry's bookkeeping took nothing to give back
+            with interrupts_deferred(), _LOCK:
+                _resume()
+
+
+def _resume() -> None:
+    """collection_paused's exit, under _LOCK: the last block out puts the collector back."""
+    global _paused
+    _paused -= 1
+    _paused_in[threading.get_ident()] -= 1
+    if _paused == 0:
+        if not gc.get_freeze_count():
+            # What the block built would otherwise wait in the youngest generation and be
+            # walked three times over (young, middle, old; 0.7 s for the first alone at 100k
+            # nodes) before settling where it belongs. freeze + unfreeze moves every tracked
+            # object to the oldest generation without walking it; skipped when objects are kept
+            # frozen, which unfreeze would release.
+            _freeze()
+            gc.unfreeze()
+        if _enable_after:
+            gc.enable()
 
 
 @contextmanager
@@ -141,21 +153,24 @@ def heap_frozen() -> Iterator[None]:
     frozen IR that passes delete are collected after the block. A caller that froze the heap
     itself keeps its own freeze; with blocks in several threads, the last one out unfreezes."""
     global _frozen, _unfreeze_after
-    with _LOCK:
-        if _frozen == 0:
-            _unfreeze_after = not gc.get_freeze_count()
-            if _unfreeze_after:
-                _freeze()
-        _frozen += 1
-        _frozen_in[threading.get_ident()] += 1
+    entered = False
     try:
+        with interrupts_deferred(), _LOCK:
+            if _frozen == 0:
+                _unfreeze_after = not gc.get_freeze_count()
+                if _unfreeze_after:
+                    _freeze()
+            _frozen += 1
+            _frozen_in[threading.get_ident()] += 1
+            entered = True
         yield
     finally:
-        with _LOCK:
-            _frozen -= 1
-            _frozen_in[threading.get_ident()] -= 1
-            if _frozen == 0 and _unfreeze_after:
-                gc.unfreeze()
+        if entered:
+            with interrupts_deferred(), _LOCK:
+                _frozen -= 1
+                _frozen_in[threading.get_ident()] -= 1
+                if _frozen == 0 and _unfreeze_after:
+                    gc.unfreeze()
 
 
 def _after_fork_in_child() -> None:

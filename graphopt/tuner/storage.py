@@ -444,17 +444,42 @@ def optimize_failing_on_interrupt(study: optuna.Study, objective, **options) -> 
     except BaseException as exc:
         # Optuna, interrupted while it records a trial, raises an error of its own on top
         # (UnboundLocalError): the KeyboardInterrupt is behind it.
-        if interrupt_behind(exc) is None:
+        interrupt = interrupt_behind(exc)
+        if interrupt is None:
             raise
+        _stop_heartbeats(started)
         _end_open_transaction(storage)
         for trial_id in started:
             with contextlib.suppress(Exception):  # the storage may be what failed
                 if storage.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING:
                     set_state(trial_id, optuna.trial.TrialState.FAIL)
-        raise
+        if interrupt is exc:
+            raise
+        # A library caller catches KeyboardInterrupt, not Optuna's UnboundLocalError on top of it.
+        raise interrupt.with_traceback(None) from exc
     finally:  # the storage's own methods again (instance attributes hid them)
         del storage.create_new_trial, storage.set_trial_state_values
         vars(storage).update(hidden)
+
+
+def _stop_heartbeats(trial_ids: list[int]) -> None:
+    """Stop the heartbeat threads of these trials that a Ctrl-C orphaned: one landing as Optuna
+    started a trial's heartbeat thread, before its `with` took it, left the thread beating (and
+    holding a database connection) for the life of the process."""
+    import threading
+
+    try:  # Optuna's own module: a release without it has nothing to stop here
+        from optuna.storages._heartbeat import HeartbeatThread
+    except ImportError:
+        return
+    wanted = set(trial_ids)
+    for thread in threading.enumerate():
+        args = getattr(thread, "_args", None)
+        if getattr(thread, "_target", None) is HeartbeatThread._record_heartbeat and args \
+                and args[0] in wanted:
+            args[2].set()
+            with contextlib.suppress(RuntimeError):  # one still starting ends by itself
+                thread.join(timeout=1)
 
 
 def _end_open_transaction(storage) -> None:
