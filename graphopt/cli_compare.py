@@ -151,11 +151,13 @@ def _cmd_compare(args) -> int:
 def _compare_samples(args, reference, candidate, judge: dict, note: str) -> int:
     """--samples: the accuracy report over every sample, then the rule compare judges each
     sample by, and the samples it fails on. Exit 1 when any fails."""
+    from graphopt.quant.calib_data import read_as
     from graphopt.tools.accuracy import accuracy_report
     from graphopt.tools.compare import compare_models
     from graphopt.tools.rule_text import rule_text
 
-    report = accuracy_report(reference, candidate, calibration=args.samples, samples=None)
+    with read_as("--samples"):
+        report = accuracy_report(reference, candidate, calibration=args.samples, samples=None)
     failed = []
     for number, sample in enumerate(report.samples or [report.feeds], 1):
         run = compare_models(reference, candidate, sample, **judge,

@@ -140,6 +140,12 @@ def test_samples_report_over_every_sample_and_name_those_the_rule_fails_on(tmp_p
     rc, _, err = run_cli(capsys, "compare", tmp_path / "r.onnx", tmp_path / "c.onnx",
                          "--samples", tmp_path / "held.npz", "--json")
     assert rc == 2 and "--json applies to a comparison on one input" in err
+    # Data that does not fit is named by the flag that gave it (it read --calibration).
+    np.savez(tmp_path / "wrong.npz", z=x)
+    rc, _, err = run_cli(capsys, "compare", tmp_path / "r.onnx", tmp_path / "c.onnx",
+                         "--samples", tmp_path / "wrong.npz")
+    assert rc == 2 and err.startswith(f"graphopt: error: --samples {tmp_path / 'wrong.npz'}: "
+                                      "no array for model input 'x'"), err
 
 
 def test_a_failing_intermediate_alone_does_not_fail_the_exit_status(tmp_path, capsys):

@@ -73,10 +73,29 @@ class InputSpec:
     shape: tuple  # ints, or None/str for dims the model leaves open
 
 
+# The option a message names the data by, where the data came through another than
+# --calibration (compare's --samples reads the same layouts).
+_OPTION: ContextVar[str | None] = ContextVar("calibration_option", default=None)
+
+
+@contextmanager
+def read_as(flag: str) -> Iterator[None]:
+    """Calibration data read inside the block is named in messages as `flag`'s."""
+    token = _OPTION.set(flag)
+    try:
+        yield
+    finally:
+        _OPTION.reset(token)
+
+
+def _option() -> str:
+    return _OPTION.get() or option("calibration")
+
+
 def calibration_label(path) -> str:
     """The calibration data as a message names it: `--calibration x.npz` from the command line,
-    `calibration x.npz` from Python."""
-    return f"{option('calibration')} {path}"
+    `calibration x.npz` from Python (or the option read_as names)."""
+    return f"{_option()} {path}"
 
 
 def model_inputs(graph: Graph) -> list[InputSpec]:
@@ -134,7 +153,7 @@ def _joined(name: str, arrays: list[np.ndarray], files: list[str]) -> np.ndarray
     if np.ndim(arrays[0]) > 0:
         return np.concatenate(arrays)
     if any(not np.array_equal(a, arrays[0]) for a in arrays[1:]):
-        raise OptionError(f"{option('calibration')}: input '{name}' is a scalar, one value for "
+        raise OptionError(f"{_option()}: input '{name}' is a scalar, one value for "
                           f"a batch, and {files[0]} and the files batched with it give "
                           "different ones")
     return arrays[0]
