@@ -66,6 +66,29 @@ _BEFORE_REPLACE: ContextVar[Callable[[str], None] | None] = ContextVar(
     "graphopt_before_replace", default=None)
 
 
+# The files put in place inside noting_written (the command line's), in order.
+_WRITTEN: ContextVar[list[str] | None] = ContextVar("graphopt_written", default=None)
+
+
+@contextlib.contextmanager
+def noting_written() -> Iterator[list[str]]:
+    """The list of paths whose new file the writes inside the block put in place: an
+    interrupted command says which it had written already (a compile stopped after its .om
+    landed had only said "interrupted")."""
+    written: list[str] = []
+    token = _WRITTEN.set(written)
+    try:
+        yield written
+    finally:
+        _WRITTEN.reset(token)
+
+
+def _note_written(path: str) -> None:
+    written = _WRITTEN.get()
+    if written is not None:
+        written.append(path)
+
+
 @contextlib.contextmanager
 def checked_before_replace(check: Callable[[str], None]) -> Iterator[None]:
     """Inside the block, atomic_write calls `check(temporary path)` on each complete file
@@ -129,6 +152,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
         try:
             os.chmod(tmp, _final_mode(path))
             os.replace(tmp, path)
+            _note_written(path)
         except OSError as exc:
             raise cannot_write(path, exc) from None
     except BaseException:
@@ -236,7 +260,8 @@ def _replace_all(paths: list[str], temps: list[str]) -> None:
                 else:
                     os.unlink(path)
         raise
-    for _, backup in done:
+    for path, backup in done:  # in place together, or not at all
+        _note_written(path)
         if backup is not None:
             with contextlib.suppress(OSError):
                 os.unlink(backup)

@@ -11,6 +11,7 @@ import sys
 import threading
 
 from graphopt import __version__
+from graphopt.atomic import noting_written
 from graphopt.atc_flags import ATC_ONLY, JSON_FILE, atc_hints
 from graphopt.cli_atc import add_atc_parser
 from graphopt.cli_bisect import add_bisect_parser
@@ -333,9 +334,14 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
     # differ), so their errors exit 2, as cmp's and diff's do: a CI step can tell a broken
     # model from a missing file.
     error_status = getattr(args, "error_status", 1)
+    written: list[str] = []
+
+    def stopped(message: str) -> str:  # what the interrupted command had put in place already
+        return message + (f" (after writing {', '.join(written)})" if written else "")
+
     try:
         with _terminate_as_interrupt(), streams_as_files(args, copies), \
-                _thread_storage_errors_in_one_line():
+                _thread_storage_errors_in_one_line(), noting_written() as written:
             # A command that will print its report finds a closed standard output first, not
             # after its work: a compile would write its file, then fail (`>&-`, as cat does).
             if getattr(sys.stdout, "closed_stream", False) and not getattr(args, "quiet", False):
@@ -350,10 +356,10 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
         print(f"graphopt: error: {e}", file=sys.stderr)
         return error_status
     except Terminated as e:
-        print(e.message, file=sys.stderr)
+        print(stopped(e.message), file=sys.stderr)
         return 128 + e.signum
     except KeyboardInterrupt:
-        print("graphopt: interrupted", file=sys.stderr)
+        print(stopped("graphopt: interrupted"), file=sys.stderr)
         return 130
     except ReaderGone:  # output piped into `head` and the like: stop quietly
         return _reader_gone()
@@ -365,10 +371,10 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
             raise
         interrupt = interrupt_behind(e)
         if isinstance(interrupt, Terminated):
-            print(interrupt.message, file=sys.stderr)
+            print(stopped(interrupt.message), file=sys.stderr)
             return 128 + interrupt.signum
         if interrupt is not None:
-            print("graphopt: interrupted", file=sys.stderr)
+            print(stopped("graphopt: interrupted"), file=sys.stderr)
             return 130
         storage_error = _storage_error_behind(e)
         if storage_error is not None:

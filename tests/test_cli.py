@@ -1095,6 +1095,21 @@ def test_an_error_raised_while_ctrl_c_unwinds_is_reported_as_the_interrupt(
     assert capsys.readouterr().err == message
 
 
+def test_an_interrupted_command_names_the_files_it_had_written(tmp_path, capsys):
+    # A compile stopped after its .om landed had only said "interrupted", exit 130, and a
+    # pipeline took the old file for the one in place.
+    from graphopt.atomic import atomic_write
+
+    def command(_args):
+        with atomic_write(tmp_path / "out.om") as f:
+            f.write(b"done")
+        raise KeyboardInterrupt
+
+    assert cli_module._run_command(types.SimpleNamespace(func=command)) == 130
+    assert capsys.readouterr().err == \
+        f"graphopt: interrupted (after writing {tmp_path / 'out.om'})\n"
+
+
 @pytest.mark.parametrize("argv, message", [
     # an abbreviation is not an option: --output is not run's --outputs, which it suggests
     (["run", "m.om", "--output", "y.npz"], "run: unrecognized arguments: --output y.npz "
