@@ -74,11 +74,12 @@ def op_counts(model: onnx.ModelProto) -> Counter:
 
 
 def format_ops(counts: Counter, top: int = _TOP_OPS) -> str:
-    """`Conv=2, Relu=2, Gemm=1, +3` (the most frequent first, ties by name)."""
+    """`Conv=2, Relu=2, Gemm=1, +3 more nodes` (the most frequent first, ties by name), as
+    `graphopt partition` counts the rest: a bare +3 read as more op types."""
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     shown = ", ".join(f"{op}={n}" for op, n in ranked[:top])
     rest = sum(n for _, n in ranked[top:])
-    return f"{shown}, +{rest}" if rest else shown or "-"
+    return f"{shown}, +{rest} more nodes" if rest else shown or "-"
 
 
 def format_shape(shape: list | None) -> str:
