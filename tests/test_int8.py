@@ -1720,6 +1720,39 @@ def test_a_gemm_among_dynamic_matmuls_is_dynamic_too(tmp_path, layer):
     assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.999
 
 
+def test_a_dynamic_gemm_behind_static_convs_is_no_float_head(tmp_path):
+    # Behind quantized convs, the Gemm made dynamic (its model's MatMuls outnumber the convs)
+    # had also been taken for a float layer whose bias corrects the convs' rounding: the
+    # correction then read the Gemm that the dynamic rewrite had removed (IndexError).
+    rng = np.random.default_rng(0)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+
+    proto = parse_model("""
+        agraph (float[4, 16] x) => (float[4, 16] y) {
+            u = Unsqueeze(x, ax)
+            c = Conv <pads = [1, 1]> (u, cw, cb)
+            r0 = Relu(c)
+            c2 = Conv <pads = [1, 1]> (r0, cw, cb)
+            r = Relu(c2)
+            s = Squeeze(r, ax)
+            m1 = MatMul(s, w1)
+            a1 = Relu(m1)
+            m2 = MatMul(a1, w2)
+            a2 = Relu(m2)
+            g = Gemm(a2, w4, b4)
+            a3 = Relu(g)
+            y = MatMul(a3, w3)
+        }""", ax=np.array([1], np.int64), cw=w(1, 1, 3), cb=np.zeros(1, np.float32),
+        w1=w(16, 16), w2=w(16, 16), w3=w(16, 16), w4=w(16, 16), b4=w(16))
+    _, out = _int8(proto, calibration=_calibration(tmp_path, shape=(4, 16)))
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert "Gemm" not in ops and ops["DynamicQuantizeMatMul"] >= 3, ops
+    feeds = numerics.random_feeds(proto, seed=3)
+    assert _cosine(numerics.run(proto, feeds)["y"], numerics.run(out, feeds)["y"]) > 0.999
+
+
 def test_a_fused_conv_with_a_residual_input_is_not_split(tmp_path):
     """onnxruntime's FusedConv takes a fourth input Z (a residual sum its ConvAddActivation
     fusion adds), which no Conv takes: the split for the quantizer leaves it whole."""

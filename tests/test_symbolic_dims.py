@@ -66,12 +66,13 @@ def test_a_name_that_is_a_product_is_read_as_one():
     from onnx import TensorProto, helper
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                       ["4*B", "B*4", "s0*s1", "s0 + 1", "2*s0*3", "batch",
-                                       "²*B"])
+                                       "²*B", "2*3"])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     dims = value_dims(load_onnx(helper.make_model(graph)).graph.inputs[0])
     assert dims == [(4, ("B",)), (4, ("B",)), (1, ("s0", "s1")), (1, ("s0 + 1",)),
-                    (6, ("s0",)), (1, ("batch",)), (1, ("²*B",))]  # a digit int() refuses
+                    (6, ("s0",)), (1, ("batch",)), (1, ("²*B",)),  # a digit int() refuses
+                    (1, ("2*3",))]  # numbers alone: a free size, named so, not the number 6
 
 
 @pytest.mark.parametrize(("left", "right", "found"), [

@@ -54,6 +54,8 @@ def _named(entry: str) -> Dim:
             c *= int(p)
         else:
             names.append(p)
+    if not names:  # "2*3" names a size the model leaves free, not the number 6
+        return (1, (entry,))
     return (c, tuple(sorted(names)))
 
 

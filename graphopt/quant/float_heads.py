@@ -53,10 +53,12 @@ def _float_layers_after_quantized(graph, chosen: Plan) -> list[Node]:
     One that only float layers feed has nothing to take back (PicoDet's first depthwise conv,
     behind the float stem)."""
     static = {id(n) for n in chosen.static}
+    dynamic = {id(n) for n in chosen.dynamic}  # Gemms among dynamic layers are dynamic too
     after = _downstream(chosen.static)
     # A MatMul has no bias input to take a correction.
     return [node for node in graph if kind(node, chosen.form) == "static"
-            and node.op_type != "MatMul" and id(node) not in static and id(node) in after
+            and node.op_type != "MatMul" and id(node) not in static and id(node) not in dynamic
+            and id(node) in after
             and not reads_graph_input(node.inputs[0])]
 
 
