@@ -130,9 +130,7 @@ class Side:
             runner = numerics.typed_runner(session) or session.run
             return dict(zip(names, runner(names, dict(feeds))))
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
-            raise GraphoptError(f"onnxruntime cannot run {self.label}: "
-                                f"{numerics.ort_reason(exc)}"
-                                f"{_npu_compile_hint(self.proto, exc)}") from None
+            raise _cannot_run(self.label, self.proto, exc) from None
 
     def _run_partitions(self, feeds, wanted: set[str]) -> dict[str, np.ndarray]:
         # The session cannot return values inside a partition, so each partition runs again as
@@ -169,10 +167,15 @@ def _run_onnx(proto: onnx.ModelProto, label: str, feeds, extra: list[str],
     try:
         return numerics.run(proto, dict(feeds), level=level, **settings)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own untyped exceptions
-        raise GraphoptError(f"onnxruntime cannot run {label}: {numerics.ort_reason(exc)}"
-                            f"{_npu_compile_hint(proto, exc)}") from None
+        raise _cannot_run(label, proto, exc) from None
     finally:
         del outputs[declared:]
+
+
+def _cannot_run(label: str, proto: onnx.ModelProto, exc: Exception) -> GraphoptError:
+    """The one-line error for onnxruntime's refusal to run `proto` (named `label`)."""
+    return GraphoptError(f"onnxruntime cannot run {label}: {numerics.ort_reason(exc)}"
+                         f"{_npu_compile_hint(proto, exc)}")
 
 
 def _npu_compile_hint(proto: onnx.ModelProto, exc: Exception) -> str:
