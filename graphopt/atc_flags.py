@@ -7,7 +7,8 @@ import argparse
 
 # ATC's --json=FILE, --mode=1's output; `inspect --json` is a switch, which argparse reports as
 # given an "ignored explicit argument".
-JSON_FILE = "ATC's --mode=1 output file; graphopt inspect x.om --json > x.json here"
+JSON_FILE = ("ATC's --mode=1 output file; graphopt inspect x.om --json --nodes -o x.json here "
+             "(graphopt atc takes the atc line as it is)")
 
 # ATC/AOE flags whose graphopt counterpart is not the same name with dashes.
 ATC_ONLY = {
@@ -72,8 +73,9 @@ ATC_ONLY = {
     "--virtual_type": "ATC's; graphopt has no virtual-device mode: drop it",
     "--weight": "ATC's, for Caffe weights; graphopt reads ONNX only",
     "--op_name_map": "ATC's; graphopt reads ONNX only",
-    "--mode": "ATC's; its --mode=1 (an .om as JSON) is graphopt inspect x.om --json, its "
-              "--mode=6 graphopt inspect x.om",
+    "--mode": "ATC's; its --mode=1 (a model as JSON) is graphopt inspect x.om --json --nodes "
+              "-o x.json, its --mode=6 graphopt inspect x.om (graphopt atc takes the atc line "
+              "as it is)",
     "--om": "ATC's --mode's input; graphopt inspect takes the .om as its argument",
     "--json": JSON_FILE,
     "--atomic_clean_policy": "ATC's; onnxruntime allocates and clears memory as it runs: "

@@ -111,6 +111,11 @@ def _precision_hint(message: str) -> str:
                 + (" --calibration DATA" if wanted == "int8" else "") + ")")
     if wanted in ("mixed", "mix"):
         return " (mixed precision names its half type: mixed-fp16 or mixed-bf16)"
+    from graphopt.cli_atc import PRECISION_MODES, PRECISION_MODES_V2
+
+    ours = PRECISION_MODES.get(wanted) or PRECISION_MODES_V2.get(wanted)
+    if ours and ours != "keep":  # ATC's --precision_mode value: force_fp16, allow_mix_precision
+        return f" (ATC's {wanted} is --precision {ours} here)"
     if wanted in ("fp32", "float32", "float", "origin", "must_keep_origin_dtype"):
         return " (the model's own dtypes are keep, the default)"
     return ""

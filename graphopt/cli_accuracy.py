@@ -43,7 +43,7 @@ def print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weig
     if not below_the_rule(args, report) and str(report.inputs).startswith("seeded random"):
         # Nothing to warn of, but the figures are still the seeded data's: a Llama's int4 read
         # 0.992 on one token of id 0 or 1 and 0.986 on 32 tokens spread over its vocabulary.
-        print(f"note: {SEEDED}")
+        print(f"note: {seeded_note(args)}")
     pass_name = "QuantizeInt8" if args.quantize == "int8" else "QuantizeInt4Weights"
     if calibration and (args.quantize == "int8" or args.int4_method == "gptq") \
             and pass_name in changed and (fitted_ranges or args.quantize != "int8"):
@@ -119,8 +119,13 @@ def print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weigh
     print(f"warning: {args.output} runs slower than {args.model} on this machine: {why}")
 
 
-SEEDED = ("measured on seeded random inputs (standard normal floats, integers 0 and 1), unlike "
-          "a deployment's: --verify --inputs FILE.npz measures on real ones")
+def seeded_note(args) -> str:
+    """What the seeded inputs were: the images --insert-op-conf made the model take get every
+    pixel value (codegen.feeds.random_feeds), not the floats the other inputs get."""
+    images = (", pixels 0-255 in --insert-op-conf's images"
+              if getattr(args, "insert_op_conf", None) else "")
+    return (f"measured on seeded random inputs (standard normal floats, integers 0 and 1"
+            f"{images}), unlike a deployment's: --verify --inputs FILE.npz measures on real ones")
 
 
 def below_the_rule(args, report) -> bool:
@@ -146,7 +151,7 @@ def below_the_rule(args, report) -> bool:
     if str(report.inputs).startswith("seeded random"):
         # Integer inputs drawn as 0 and 1 are no model's bytes or ids: magika's int4 compile
         # read 0.973 on them and 0.999998 on real bytes.
-        hint += f"; {SEEDED}"
+        hint += f"; {seeded_note(args)}"
     shown = ", ".join(f"'{o.name}' {cosine_text(o.cosine, threshold)}" for o in low[:5])
     more = f", and {len(low) - 5} more (in the table)" if len(low) > 5 else ""
     print(f"warning: cosine below {exact(threshold)}, the rule `graphopt compare` and --verify "

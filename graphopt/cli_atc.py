@@ -20,6 +20,9 @@ SOC_TARGETS = (("ascend310b", "ascend310b"), ("ascend910b", "ascend910b"),
                ("ascend310", "ascend310"))
 # What may follow each family in a --soc_version, lowercased.
 _SOC_MODELS = {"ascend310b": r"\d*", "ascend910b": r"\d*(c|-\d+)?", "ascend310": ""}
+# ATC's --mode values that show a model rather than compile one, with what each shows.
+SHOWING_MODES = {"1": "the --om model, node by node, as JSON into --json",
+                 "6": "the --om artifact's summary"}
 # ATC's --precision_mode and --precision_mode_v2 -> graphopt's --precision.
 PRECISION_MODES = {
     "force_fp16": "fp16", "allow_mix_precision": "mixed-fp16",
@@ -90,8 +93,12 @@ def add_atc_parser(sub) -> None:
                    help="profiles over every -1 dim of --input_shape, in order")
     p.add_argument("--log", metavar="LEVEL",
                    help=f"{', '.join(LOG_LEVELS)}; error and null print errors only (-q)")
-    p.add_argument("--mode", default="0", metavar="0",
-                   help="0 (compile) only; 1 and 6 are graphopt inspect")
+    p.add_argument("--mode", default="0", metavar="0|1|6",
+                   help="0: compile (default); 1: the --om model, node by node, as JSON into "
+                        "--json; 6: the --om artifact's summary (both graphopt inspect)")
+    p.add_argument("--om", metavar="FILE",
+                   help="--mode=1 and 6: the .om to show (or, with --mode=1, an .onnx model)")
+    p.add_argument("--json", metavar="FILE", help="--mode=1: the JSON file to write")
     p.set_defaults(func=_cmd_atc)
 
 
@@ -101,7 +108,7 @@ def _cmd_atc(args) -> int:
 
     argv = translate(args)
     line = "graphopt " + shlex.join(argv)
-    quiet = "-q" in argv
+    quiet = "-q" in argv or (args.log is not None and args.log.lower() in ("error", "null"))
     # Messages name the flags as the atc line wrote them, where graphopt's spelling differs.
     spellings = _atc_spellings(args)
     dropped = args.keep_dtype is not None and "--keep-dtype" not in argv
@@ -110,9 +117,10 @@ def _cmd_atc(args) -> int:
             check_keep_dtype([args.keep_dtype])
     if not quiet:
         if dropped:
+            given = ("--precision_mode_v2=origin" if args.precision_mode_v2 else
+                     "--precision_mode=must_keep_origin_dtype")
             print("graphopt atc: --keep_dtype lists nodes to keep in their dtype, which "
-                  "--precision keep (ATC's must_keep_origin_dtype) keeps every node in: "
-                  "not passed on")
+                  f"--precision keep ({given}) keeps every node in: not passed on")
         print(f"graphopt atc: running {line}", flush=True)
     with flags_spelled(spellings):
         status = run_argv(argv)
@@ -134,13 +142,18 @@ def _atc_spellings(args) -> dict[str, str]:
 
 def translate(args) -> list[str]:
     """The `graphopt optimize` argv an atc command line's flags (parsed) ask for."""
-    if args.mode != "0":
+    if args.mode.strip() in SHOWING_MODES:
+        return _inspect_argv(args)
+    if args.mode.strip() != "0":
         precheck = ("; its --mode=3 (a pre-check of the model's ops) is graphopt partition "
                     "MODEL --target NAME, which shows where each op runs and why"
                     if args.mode.strip() == "3" else "")
-        raise OptionError(f"--mode={args.mode}: graphopt atc compiles (mode 0); ATC's --mode=1 "
-                          "is graphopt inspect x.om --json, its --mode=6 graphopt inspect x.om"
-                          + precheck)
+        raise OptionError(f"--mode={args.mode}: graphopt atc takes --mode=0 (compile), 1 (a "
+                          "model as JSON) and 6 (an .om's summary)" + precheck)
+    shown = [flag for flag in ("--om", "--json") if getattr(args, flag[2:]) is not None]
+    if shown:
+        raise OptionError(f"{' and '.join(shown)}: for --mode=1 and 6, which show a model; "
+                          "--mode=0 compiles --model into --output")
     missing = [flag for flag in ("--model", "--framework", "--output", "--soc_version")
                if not getattr(args, flag[2:])]
     if missing:
@@ -174,7 +187,7 @@ def translate(args) -> list[str]:
     shapes = _input_shapes(args.input_shape) if args.input_shape else {}
     images = _aipp_inputs(args) if shapes and args.insert_op_conf else {}
     if shapes:
-        argv += ["--input-shape", _fed_shapes(args.input_shape, shapes, images,
+        argv += ["--input-shape", _fed_shapes(args.input_shape, args.insert_op_conf, shapes, images,
                                               INPUT_FORMATS.get(layout))]
     precision = _precision(args)
     argv += ["--precision", precision]
@@ -189,6 +202,35 @@ def translate(args) -> list[str]:
         argv += ["--dynamic-dims", dynamic]
     if args.log is not None and args.log.lower() in ("error", "null"):
         argv.append("-q")
+    return argv
+
+
+def _inspect_argv(args) -> list[str]:
+    """`graphopt inspect`'s argv for ATC's --mode=1 (the --om model's nodes as JSON, written to
+    --json) and --mode=6 (the artifact's summary)."""
+    mode = args.mode.strip()
+    needed = ("--om", "--json") if mode == "1" else ("--om",)
+    missing = [flag for flag in needed if not getattr(args, flag[2:])]
+    if missing:
+        raise UsageError(f"atc: --mode={mode} needs {' and '.join(missing)} "
+                         f"({SHOWING_MODES[mode]}; see graphopt atc --help)")
+    compiling = [flag for flag in ("--model", "--output", "--input_shape", "--input_format",
+                                   "--precision_mode", "--precision_mode_v2",
+                                   "--dynamic_batch_size", "--dynamic_image_size",
+                                   "--dynamic_dims", *SAME_VALUE)
+                 if getattr(args, flag[2:]) is not None]
+    if compiling:  # ATC would show --om as it is: compile flags do nothing there
+        kind = "a compile flag" if len(compiling) == 1 else "compile flags"
+        raise OptionError(f"{', '.join(compiling)}: {kind}; --mode={mode} shows --om as it is "
+                          "(leave them out, or compile with --mode=0)")
+    if mode == "6" and args.json is not None:
+        raise OptionError("--json: --mode=6 prints the summary; --mode=1 writes the JSON")
+    if args.framework is not None and args.framework != ONNX_FRAMEWORK:
+        raise OptionError(f"--framework={args.framework}: graphopt reads ONNX models and .om "
+                          f"artifacts (--framework={ONNX_FRAMEWORK})")
+    argv = ["inspect", args.om] + (["--json", "--nodes", "-o", args.json] if mode == "1" else [])
+    if args.log is not None and args.log.lower() not in LOG_LEVELS:
+        raise OptionError(f"--log={args.log}: ATC's levels are {', '.join(LOG_LEVELS)}")
     return argv
 
 
@@ -293,7 +335,7 @@ def _dims(value) -> list | None:
     return [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
 
 
-def _fed_shapes(text: str, shapes: dict[str, list[str]], images: dict[str, tuple],
+def _fed_shapes(text: str, conf: str | None, shapes: dict[str, list[str]], images: dict[str, tuple],
                 height_width: tuple[int, int] | None) -> str:
     """--input-shape's text. ATC's shape of an input AIPP preprocesses is the model's input
     (NCHW float), checked against it and against the size the AIPP file makes its images;
@@ -324,10 +366,17 @@ def _fed_shapes(text: str, shapes: dict[str, list[str]], images: dict[str, tuple
                               f"the input --insert_op_conf's preprocessing feeds, not "
                               f"{','.join(dims)}")
         fed[name] = [dims[0], "-1", "-1", "-1"]
-        if made is None and given and all(d.isdecimal() for d in given) and not op.crop and \
+        if made is None and given and all(d.isdecimal() for d in given) and \
                 model is not None and any(model[axis] is None for axis in axes):
             # The file leaves the image's size to the model, whose size is open: ATC takes
-            # the size the line gives, which graphopt's pin of the image carries.
+            # the size the line gives, which graphopt's pin of the image carries. A crop's
+            # size is behind the preprocessing, where no pin of the fed image reaches.
+            if op.crop:
+                raise OptionError(f"--insert_op_conf={conf}: input '{name}' is "
+                                  "cropped to the model's size, which the model leaves open; "
+                                  f"ATC takes {given[0]}×{given[1]} from --input_shape, graphopt "
+                                  f"from the file: add crop_size_h: {given[0]} and crop_size_w: "
+                                  f"{given[1]} to its aipp_op block")
             fed[name][1:] = [str(size) for size in image_shape(op, 0, *map(int, given))[1:]]
     return ";".join(f"{name}:{','.join(dims)}" for name, dims in fed.items())
 

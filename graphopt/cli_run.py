@@ -28,6 +28,8 @@ RUN_EXAMPLES = """examples:
 INSPECT_EXAMPLES = """examples:
   graphopt inspect model.om           # partitions, routing, pass log, checksums verified
   graphopt inspect model.om --json    # the manifest plus per-partition op counts
+  graphopt inspect model.om --nodes   # and every partition's nodes (name, op, tensors, attributes)
+  graphopt inspect model.om --json --nodes -o model.json   # ATC's --mode=1, as a file
   graphopt inspect model.onnx         # a plain ONNX model: signature, opsets, ops, weight bytes
 """
 
@@ -86,6 +88,13 @@ def add_inspect_parser(sub) -> None:
     p.add_argument("model", type=path_text, help="an .om artifact or an .onnx model")
     p.add_argument("--json", action="store_true",
                    help="print JSON: for an .om the manifest plus per-partition op counts")
+    p.add_argument("--nodes", action="store_true",
+                   help="also list every node (name, op, inputs, outputs, attributes) of each "
+                        "partition, or of the .onnx model: under \"graph\" with --json, what "
+                        "ATC's --mode=1 JSON gives")
+    p.add_argument("-o", "--output", type=path_text, metavar="FILE",
+                   help="write to FILE (replaced whole, never half-written) instead of "
+                        "standard output")
     p.set_defaults(func=_cmd_inspect)
 
 
@@ -231,7 +240,9 @@ def _profile_signature(session) -> list[dict]:
 
 
 def _cmd_inspect(args) -> int:
-    from graphopt.codegen.inspect_om import describe_om, format_om
+    from graphopt.atomic import atomic_write_bytes
+    from graphopt.codegen.inspect_nodes import format_nodes, node_records
+    from graphopt.codegen.inspect_om import describe_om, format_om, partition_graphs
     from graphopt.codegen.inspect_onnx import describe_onnx, format_onnx, read_onnx
     from graphopt.codegen.om_read import is_om, load_om, looks_like_onnx
 
@@ -240,14 +251,33 @@ def _cmd_inspect(args) -> int:
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .om or .onnx file")
+    if args.output:
+        check_output_path("-o", args.output, {"the model": path})
     # By content, with the suffix as a tie-breaker: a broken .om gets load_om's precise reason,
     # an ONNX model named .om is shown as one.
     if is_om(path) or looks_like_zip(path) or (path.lower().endswith(".om")
                                          and not looks_like_onnx(path)):
         artifact = load_om(path)
-        text = json.dumps(describe_om(artifact), indent=2) if args.json else format_om(artifact)
+        if args.json:
+            text = json.dumps(describe_om(artifact, nodes=args.nodes), indent=2)
+        else:
+            text = "\n\n".join([format_om(artifact)] + [
+                format_nodes(node_records(graph), f"nodes of {title} ({len(graph.node)})")
+                for title, graph in (partition_graphs(artifact) if args.nodes else ())])
     else:
-        summary = describe_onnx(read_onnx(path), path)
-        text = json.dumps(summary, indent=2) if args.json else format_onnx(summary)
-    print(text)
+        model = read_onnx(path)
+        summary = describe_onnx(model, path)
+        if args.json:
+            if args.nodes:
+                summary["graph"] = node_records(model.graph)
+            text = json.dumps(summary, indent=2)
+        else:
+            text = format_onnx(summary) + (
+                f"\n\n{format_nodes(node_records(model.graph), f'nodes ({len(model.graph.node)})')}"
+                if args.nodes else "")
+    if args.output:
+        atomic_write_bytes(args.output, (text + "\n").encode())
+        print(f"wrote {args.output}")
+    else:
+        print(text)
     return 0

@@ -136,6 +136,17 @@ def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path
                        "compile's --insert-op-conf)" in err, err
 
 
+def test_a_lossy_compiles_note_says_its_images_got_every_pixel_value(tmp_path, capsys):
+    # The note said "standard normal floats, integers 0 and 1" of uint8 images drawn 0-255.
+    source = tmp_path / "net.onnx"
+    onnx.save(_classifier(), source)
+    rc, out, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "net.om",
+                           "--insert-op-conf", _config(tmp_path), "--precision", "fp16")
+    assert rc == 0, err
+    assert "note: measured on seeded random inputs (standard normal floats, integers 0 and 1, " \
+           "pixels 0-255 in --insert-op-conf's images), unlike a deployment's" in out, out
+
+
 def test_compare_with_a_reference_the_recorded_preprocessing_cannot_feed(tmp_path):
     om = tmp_path / "net.om"
     graphopt.save(graphopt.optimize(_classifier(), insert_op_conf=_config(tmp_path)), om)

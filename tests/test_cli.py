@@ -1176,7 +1176,8 @@ def test_an_interrupted_command_names_the_files_it_had_written(tmp_path, capsys)
     # atc --mode=1 --om=x.om --json=x.json pasted onto inspect: its --json is a switch
     (["inspect", "--mode=1", "--om=x.om", "--json=x.json"],
      "inspect: argument --json: ignored explicit argument 'x.json' (--json=FILE is ATC's "
-     "--mode=1 output file; graphopt inspect x.om --json > x.json here)"),
+     "--mode=1 output file; graphopt inspect x.om --json --nodes -o x.json here (graphopt atc "
+     "takes the atc line as it is))"),
     # Each got "unrecognized arguments" alone, where the README promises why for every flag.
     (["atc", "--model=m.onnx", "--framework=5", "--output=m", "--soc_version=Ascend310",
       "--check_report=r.json", "--host_env_os=linux"],
@@ -1188,8 +1189,8 @@ def test_an_interrupted_command_names_the_files_it_had_written(tmp_path, capsys)
      "(--dynamic_dims is ATC's, with --input_shape's -1 dims (graphopt atc takes the line as "
      "it is); --dynamic-dims \"DIM:V1,V2\" names the model's own dims here)"),
     (["optimize", "m.onnx", "-o", "m.om", "--output_type=FP16", "--mode=1"],
-     "(--output_type is --output-type here; --mode is ATC's; its --mode=1 (an .om as JSON) is "
-     "graphopt inspect x.om --json"),
+     "(--output_type is --output-type here; --mode is ATC's; its --mode=1 (a model as JSON) is "
+     "graphopt inspect x.om --json --nodes -o x.json, its --mode=6 graphopt inspect x.om"),
     # On graphopt atc, whose flags are ATC's: graphopt's spelling, a misspelt ATC flag,
     # graphopt's --target, an ATC flag with no counterpart. The first also said to give atc
     # the model an optimize edit had made, and the second proposed --output.

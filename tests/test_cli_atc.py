@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import onnx
@@ -20,7 +21,7 @@ def _args(**given) -> argparse.Namespace:
                   precision_mode_v2=None, out_nodes=None, insert_op_conf=None, keep_dtype=None,
                   input_fp16_nodes=None, output_type=None, fusion_switch_file=None,
                   dynamic_batch_size=None, dynamic_image_size=None, dynamic_dims=None, log=None,
-                  mode="0")
+                  mode="0", om=None, json=None)
     fields.update(given)
     return argparse.Namespace(**fields)
 
@@ -63,10 +64,13 @@ def test_atc_flags_become_graphopts(given, expected):
 
 @pytest.mark.parametrize("given, message", [
     ({"framework": "3"}, "--framework=3: graphopt reads ONNX models (--framework=5)"),
-    ({"mode": "1"}, "ATC's --mode=1 is graphopt inspect x.om --json"),
-    # --mode=1 needs no model: its message comes before the missing flags'.
-    ({"mode": "1", "model": None, "framework": None, "output": None},
-     "ATC's --mode=1 is graphopt inspect x.om --json"),
+    # --mode=1 and 6 show --om as it is: a compile flag there does nothing in ATC.
+    ({"mode": "1", "om": "m.om", "json": "m.json"}, "--model, --output: compile flags; "
+                                                   "--mode=1 shows --om as it is"),
+    ({"mode": "6", "om": "m.om", "json": "m.json", "model": None, "output": None},
+     "--json: --mode=6 prints the summary; --mode=1 writes the JSON"),
+    ({"om": "m.om"}, "--om: for --mode=1 and 6, which show a model; --mode=0 compiles"),
+    ({"mode": "2"}, "--mode=2: graphopt atc takes --mode=0 (compile), 1 (a model as JSON) and 6"),
     ({"soc_version": "Ascend310P3"}, "--soc_version=Ascend310P3: graphopt has target profiles "
                                      "for Ascend310, Ascend310B* and Ascend910B*"),
     ({"soc_version": "Ascend310B1x"}, "--soc_version=Ascend310B1x: graphopt has target "
@@ -252,6 +256,62 @@ def test_atcs_input_shape_of_an_nhwc_aipp_input_finds_its_size_after_the_channel
         "24×40 images" in err, err
 
 
+@pytest.mark.parametrize("given, expected", [
+    ({"mode": "1", "om": "m.om", "json": "m.json"},
+     ["inspect", "m.om", "--json", "--nodes", "-o", "m.json"]),
+    # ATC's line for an ONNX model's JSON names its framework; the chip changes nothing.
+    ({"mode": "1", "framework": "5", "soc_version": "Ascend310", "om": "m.onnx",
+      "json": "m.json"}, ["inspect", "m.onnx", "--json", "--nodes", "-o", "m.json"]),
+    ({"mode": " 6", "om": "m.om"}, ["inspect", "m.om"]),
+])
+def test_atcs_showing_modes_are_graphopt_inspect(given, expected):
+    fields = {"model": None, "framework": None, "output": None, "soc_version": None, **given}
+    assert translate(_args(**fields)) == expected
+
+
+def test_atcs_mode_1_needs_the_model_and_the_file():
+    with pytest.raises(UsageError, match="--mode=1 needs --om and --json"):
+        translate(_args(mode="1", model=None, framework=None, output=None, soc_version=None))
+
+
+def test_atc_mode_1_writes_every_node_as_json(tmp_path, capsys):
+    # ATC's --mode=1 JSON lists each op with its inputs and attributes (for --out_nodes and
+    # to check fusions); graphopt atc refused the line, and inspect --json gave op counts.
+    model = tmp_path / "net.onnx"
+    onnx.save(parse_model("g (float[1,3,8,8] x) => (y) { t = Relu(x)\n"
+                          "y = LeakyRelu <alpha = 0.5> (t) }"), model)
+    rc, out, err = run_cli(capsys, "optimize", str(model), "-o", str(tmp_path / "net.om"))
+    assert rc == 0, err
+    for source in ("net.om", "net.onnx"):
+        shown = tmp_path / f"{source}.json"
+        rc, out, err = run_cli(capsys, "atc", "--mode=1", f"--om={tmp_path / source}",
+                               f"--json={shown}")
+        assert rc == 0 and f"wrote {shown}" in out, err
+        data = json.loads(shown.read_text())
+        graph = data["partition_ops"][0]["graph"] if source == "net.om" else data["graph"]
+        leaky = next(node for node in graph if node["op"] == "LeakyRelu")
+        assert leaky["attributes"] == {"alpha": 0.5} and leaky["outputs"] == ["y"]
+    rc, out, err = run_cli(capsys, "atc", "--mode=6", f"--om={tmp_path / 'net.om'}")
+    assert rc == 0 and "partitions (1, in execution order)" in out, err
+
+
+def test_atc_crop_sized_by_an_open_model_names_the_sizes_to_write(tmp_path, capsys):
+    # ATC sizes a crop without crop_size from --input_shape; graphopt's pin is of the fed
+    # image, which does not reach behind the crop: the compile asked for crop_size_h alone.
+    model = tmp_path / "open.onnx"
+    onnx.save(parse_model("g (float[1,3,H,W] x) => (y) { y = Relu (x) }"), model)
+    config = tmp_path / "aipp.cfg"
+    config.write_text("aipp_op {\n  input_format: RGB888_U8\n  src_image_size_w: 16\n"
+                      "  src_image_size_h: 16\n  crop: true\n  load_start_pos_w: 2\n"
+                      "  load_start_pos_h: 2\n}\n")
+    rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",
+                           f"--output={tmp_path / 'open'}", "--soc_version=Ascend310",
+                           f"--insert_op_conf={config}", "--input_shape=x:1,3,12,10")
+    assert rc == 1 and "input 'x' is cropped to the model's size, which the model leaves open; " \
+        "ATC takes 12×10 from --input_shape, graphopt from the file: add crop_size_h: 12 and " \
+        "crop_size_w: 10 to its aipp_op block" in err, err
+
+
 def test_atcs_input_shape_sizes_an_open_image_the_aipp_file_leaves_to_the_model(tmp_path,
                                                                                 capsys):
     # ATC takes the source size from --input_shape where the file gives none; the line
@@ -303,8 +363,8 @@ def test_keep_dtype_under_must_keep_origin_dtype_is_redundant_not_refused(tmp_pa
                            f"--output={tmp_path / 'net'}", "--soc_version=Ascend310",
                            "--precision_mode=must_keep_origin_dtype", f"--keep_dtype={keep}")
     assert rc == 0, err
-    assert "--keep_dtype lists nodes to keep in their dtype, which --precision keep (ATC's " \
-           "must_keep_origin_dtype) keeps every node in: not passed on" in out
+    assert "--keep_dtype lists nodes to keep in their dtype, which --precision keep " \
+           "(--precision_mode=must_keep_origin_dtype) keeps every node in: not passed on" in out
     assert "--keep-dtype" not in out
     # Not passed on, but a list file that does not exist is still named.
     rc, out, err = run_cli(capsys, "atc", f"--model={model}", "--framework=5",

@@ -700,6 +700,49 @@ def test_inspect_json(chained, capsys):
                                      {"name": "p1", "nodes": 1, "ops": {"Relu": 1}}]
 
 
+def test_inspect_nodes_lists_each_partitions_nodes(chained, tmp_path, capsys):
+    # What ATC's --mode=1 JSON gives: every node with its tensors and attributes.
+    rc, out, err = cli(capsys, "inspect", chained, "--nodes")
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert "nodes of p0 (1)" in lines and "nodes of p1 (1)" in lines
+    header = lines[lines.index("nodes of p1 (1)") + 1]
+    assert header.split() == ["#", "node", "op", "inputs", "outputs", "attributes"]
+    assert lines[lines.index("nodes of p1 (1)") + 3].split() == ["0", "Relu", "H", "Y"]  # unnamed
+    shown = tmp_path / "nodes.json"
+    rc, out, err = cli(capsys, "inspect", chained, "--json", "--nodes", "-o", shown)
+    assert rc == 0 and out == f"wrote {shown}\n", err
+    graphs = [p["graph"] for p in json.loads(shown.read_text())["partition_ops"]]
+    assert [[(n["op"], n["inputs"], n["outputs"]) for n in g] for g in graphs] == [
+        [("MatMul", ["X", "W"], ["H"])], [("Relu", ["H"], ["Y"])]]
+    rc, out, err = cli(capsys, "inspect", chained, "-o", chained)
+    assert_clean_error(rc, out, err, "would overwrite the model")
+
+
+def test_inspect_nodes_json_is_strict_and_describes_tensors_and_bodies(tmp_path, capsys):
+    # Strict JSON has no NaN; a Constant's tensor and an If's bodies are described, not dumped.
+    then = helper.make_graph([helper.make_node("Constant", [], ["T"], value_float=1.0)],
+                             "then", [], [_tensor("T", [])])
+    other = helper.make_graph([helper.make_node("Constant", [], ["E"], value_float=2.0)],
+                              "else", [], [_tensor("E", [])])
+    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(
+                 np.zeros((2, 3), np.float32))),
+             helper.make_node("Clip", ["x", "", ""], ["k"], name="clip"),
+             helper.make_node("LeakyRelu", ["k"], ["l"], alpha=float("nan")),
+             helper.make_node("If", ["b"], ["y"], then_branch=then, else_branch=other)]
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(nodes, [_tensor("x", [2, 3]), _tensor("b", [], TensorProto.BOOL)],
+                     [_tensor("y", []), _tensor("l", [2, 3])]), path)
+    rc, out, err = cli(capsys, "inspect", path, "--json", "--nodes")
+    assert rc == 0, err
+    graph = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))["graph"]
+    assert graph[0]["attributes"] == {"value": {"tensor": "float", "shape": [2, 3]}}
+    assert graph[1]["inputs"] == ["x", "", ""] and graph[2]["attributes"] == {"alpha": "nan"}
+    assert graph[3]["attributes"]["then_branch"]["nodes"][0]["outputs"] == ["T"]
+    rc, out, err = cli(capsys, "inspect", path, "--nodes")
+    assert rc == 0 and "then_branch=<body of 1 nodes>" in out and "value=<float [2, 3]>" in out
+
+
 def test_inspect_onnx(tmp_path, capsys):
     path = tmp_path / "model.onnx"
     onnx.save(exported("N"), path)

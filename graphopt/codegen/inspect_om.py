@@ -453,16 +453,28 @@ def profile_sections(artifact: OmArtifact, key: str) -> dict:
     return {p["name"]: (sections.get(p["name"]) or {}).get(key) for p in artifact.profiles}
 
 
-def describe_om(artifact: OmArtifact) -> dict:
+def describe_om(artifact: OmArtifact, nodes: bool = False) -> dict:
     """`graphopt inspect --json`: the manifest with the details member's pass log and extras
-    in it, plus each partition's node and op counts."""
+    in it, plus each partition's node and op counts (and, with `nodes`, its nodes)."""
+    from graphopt.codegen.inspect_nodes import node_records
+
     partitions = []
     for part in (part for view in profile_views(artifact) for part in view.partitions):
         counts = op_counts(part.model)
         partitions.append({"name": part.name, "nodes": sum(counts.values()),
-                           "ops": dict(sorted(counts.items()))})
+                           "ops": dict(sorted(counts.items())),
+                           **({"graph": node_records(part.model.graph)} if nodes else {})})
     return {"file": artifact.path, "checksums_verified": True,
             "manifest": {**artifact.manifest, **artifact.details}, "partition_ops": partitions}
+
+
+def partition_graphs(artifact: OmArtifact) -> list[tuple[str, onnx.GraphProto]]:
+    """(title, graph) of every partition in execution order, each shape profile's in turn,
+    the title naming the profile where there are several."""
+    if len(artifact.profiles) < 2:
+        return [(part.name, part.model.graph) for part in artifact.partitions]
+    return [(f"{part.name} (profile {entry['name']})", part.model.graph)
+            for entry in artifact.profiles for part in artifact.profile(entry["name"]).partitions]
 
 
 def target_line(artifact: OmArtifact) -> str:
