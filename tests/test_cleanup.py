@@ -10,6 +10,7 @@ import pytest
 from helpers import IR_VERSION, ops
 from onnx import numpy_helper
 
+import graphopt
 from graphopt import numerics
 from graphopt.ir import format_model, load_onnx, to_onnx, verify
 from graphopt.passes import PASSES, Options, PassContext
@@ -104,6 +105,21 @@ def test_identity_of_graph_input_to_output_is_kept():
     model, stats = run_passes(HEADER + """
     g (float[N, 4] x) => (float[N, 4] y) { y = Identity(x) }""", "EliminateIdentity")
     assert stats == {} and ops(model) == ["Identity"]
+
+
+def test_a_dropout_of_a_graph_input_to_an_output_becomes_an_identity():
+    # Kept as it was, its ratio cast to float16 made onnxruntime's own Dropout elimination
+    # wire the output to the ratio: an fp16 .om returned 0.5 for the weight 2.0.
+    model, stats = run_passes(HEADER + """
+    g (float[N, 4] x, float r) => (float[N, 4] y) { y = Dropout(x, r) }""", "EliminateIdentity")
+    assert stats == {"Dropout": 1} and ops(model) == ["Identity"]
+    assert model.graph.nodes()[0].output.name == "y"
+    source = onnx.parser.parse_model(HEADER + """
+    g (float r) => (float y) <float x = {2.0}> { y = Dropout(x, r) }""")
+    proto = graphopt.optimize(source, precision="fp16").to_onnx()
+    feeds = {"r": np.array(0.5, np.float32)}
+    for level in ("disable", "all"):
+        assert numerics.run(proto, feeds, level=level)["y"] == 2.0
 
 
 def test_dropout_with_used_mask_or_training_mode_is_kept():

@@ -198,6 +198,24 @@ def test_onnx_attention_runs_on_an_npu_as_matmuls(mask, causal):
                                numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window, causal", [("left_window_size = 1, right_window_size = 2", 0),
+                                            ("left_window_size = 0", 0),
+                                            ("left_window_size = 2", 1),
+                                            ("right_window_size = 1", 0)])
+def test_an_onnx_attentions_sliding_window_is_kept_as_matmuls(window, causal):
+    # Opset 25's window bounds the keys each query sees; the expansion computed full
+    # attention (ONNX's test_attention_bidirectional_window gave 2 2 2 2 2 for 1 1.5 2.5 3 3.5).
+    proto = parse_model(f"""
+g (float[2, 3, 5, 4] q, float[2, 3, 5, 4] k, float[2, 3, 5, 4] v) => (float[2, 3, 5, 4] y) {{
+  y = Attention <{window}, is_causal = {causal}> (q, k, v)
+}}""", header='<ir_version: 11, opset_import: ["" : 25]>\n')
+    result = graphopt.optimize(proto, target="ascend310")
+    assert "Attention" not in [n.op_type for n in result.model.graph]
+    feeds = numerics.random_feeds(proto, seed=4)
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
+                               numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_onnx_attention_with_a_bool_mask_or_on_the_cpu_stays():
     result = graphopt.optimize(_onnx_attention("bool"), target="ascend310",
                                trace_rules=["OnnxAttentionAsMatMuls"])

@@ -72,9 +72,25 @@ class EliminateIdentity(Pass):
                 if ctx.allows("Identity", node) and bypass(node, source):
                     result.count("Identity")
             elif node.op_type == "Dropout" and _dropout_is_identity(node):
-                if ctx.allows("Dropout", node) and bypass(node, source):
+                if ctx.allows("Dropout", node) and (bypass(node, source)
+                                                    or _as_identity(node, source)):
                     result.count("Dropout")
         return result
+
+
+def _as_identity(dropout: Node, source: Value) -> bool:
+    """A Dropout whose output is a graph output copying a graph input or a weight, which no
+    bypass can remove, as an Identity: onnxruntime's own Dropout elimination rewires such a
+    node's readers to its one input computed by a node, which is the ratio once precision
+    casts it (an fp16 compile returned the ratio 0.5 for the weight 2.0)."""
+    graph = dropout.graph
+    identity = graph.make_node("Identity", [source], name=dropout.name, before=dropout,
+                               dtype=dropout.output.dtype, shape=dropout.output.shape)
+    if not replace_value(dropout.output, identity.output):
+        graph.remove(identity)
+        return False
+    graph.remove(dropout)
+    return True
 
 
 @register

@@ -4,8 +4,9 @@ from opset 23 on, in MatMul and Softmax for an NPU without a kernel for it (Expa
     Attention(Q, K, V, M)  →  Softmax(Q · Kᵀ · scale + M) · V        Q, K, V [B, N, S, H]
 
 for the form without past keys, soft-capping or a second output, with K and V of Q's heads,
-and with no mask, an additive float mask, or `is_causal` over as many keys as queries (a
-constant -inf above the diagonal, as the spec's upper-left alignment gives). A row a mask
+and with no mask, an additive float mask, or `is_causal` or opset 25's sliding window
+(`left_window_size`, `right_window_size`) over as many keys as queries (a constant -inf above
+the diagonal, or outside the band, as the spec's upper-left alignment gives). A row a mask
 masks whole gives 0, as onnxruntime's kernel gives it, where Softmax gives NaN. A boolean mask
 stays: a row it masks whole comes out as onnxruntime's kernel decides. A diffusers VAE
 decoder exported at opset 23 kept its attention block and 33 of its 124 nodes on the host.
@@ -51,9 +52,10 @@ class OnnxAttentionAsMatMuls(Rule):
             return "K and V have other heads than Q (grouped-query), or the head size is open"
         if mask is not None and mask.dtype != q.dtype:
             return f"its mask %{mask.name} is not additive (a {mask.dtype} mask)"
-        if int(attention.attr("is_causal", 0)) and not (
+        if (int(attention.attr("is_causal", 0)) or _windowed(attention)) and not (
                 isinstance(shapes[0][2], int) and shapes[0][2] == shapes[1][2]):
-            return "causal over another number of keys than queries, or at an open length"
+            return ("causal or windowed over another number of keys than queries, or at an open "
+                    "length")
         return None
 
     def rewrite(self, op, q, k, v, attention, mask=None, **_):
@@ -68,7 +70,30 @@ class OnnxAttentionAsMatMuls(Rule):
             length = q.shape[2]
             above = np.triu(np.full((length, length), -np.inf, dtype), 1)
             scores = op.Add(scores, op.const(above))
+        if _windowed(attention):
+            scores = op.Add(scores, op.const(_outside_window(attention, q.shape[2])))
         probs = op.Softmax(scores, axis=-1)
         if mask is not None:  # a row masked whole: onnxruntime's kernel gives 0, Softmax NaN
             probs = op.Where(op.IsNaN(probs), op.const(np.array(0.0, dtype)), probs)
         return op.MatMul(probs, v)
+
+
+def _windowed(attention) -> bool:
+    """Whether an opset-25 Attention bounds the keys a query sees (-1: that side unbounded).
+    Dropped, the expansion computed full attention (ONNX's bidirectional-window test case)."""
+    return int(attention.attr("left_window_size", -1)) >= 0 \
+        or int(attention.attr("right_window_size", -1)) >= 0
+
+
+def _outside_window(attention, length: int) -> np.ndarray:
+    """[length, length] -inf where query i may not see key j: below i - left or above
+    i + right (the diagonal always in, so no row is masked whole)."""
+    behind = np.arange(length)[:, None] - np.arange(length)[None, :]  # i - j
+    left = int(attention.attr("left_window_size", -1))
+    right = int(attention.attr("right_window_size", -1))
+    outside = np.zeros((length, length), bool)
+    if left >= 0:
+        outside |= behind > left
+    if right >= 0:
+        outside |= -behind > right
+    return np.where(outside, -np.inf, 0.0).astype(np.float32)
