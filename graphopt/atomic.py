@@ -83,6 +83,17 @@ def noting_written() -> Iterator[list[str]]:
         _WRITTEN.reset(token)
 
 
+@contextlib.contextmanager
+def scratch_writes() -> Iterator[None]:
+    """Writes inside the block are scratch files the caller deletes (a tuning candidate's
+    .om, a dump diff reads back): an interrupted command does not name them as written."""
+    token = _WRITTEN.set(None)
+    try:
+        yield
+    finally:
+        _WRITTEN.reset(token)
+
+
 def _note_written(path: str) -> None:
     written = _WRITTEN.get()
     if written is not None:

@@ -162,6 +162,7 @@ def _kept(args, url: str) -> str:
 def _tune(args) -> int:
     from graphopt.compiler import optimize
     from graphopt.tuner.model import model_estimate
+    from graphopt.tuner.npu_model import estimate
     from graphopt.tuner.search import tune_kernel
     from graphopt.tuner.signature import idle_kernels, model_kernels
     from graphopt.tuner.storage import check_writable, opened, storage_url
@@ -268,29 +269,37 @@ def _tune(args) -> int:
                 storage=store, study_name=args.study, sampler=args.sampler,
                 progress=None if pooled else progress, target=args.target,
                 op_class=group.signature.split("/")[1], workers=1 if pooled else args.workers))
-        if len(kernels) > 1 and not pooled:
-            # Read again once all are done: another run on the same studies may have added
-            # better trials to the earlier kernels' meanwhile, and their rows, read as each
-            # finished, disagreed with the whole-model line (and a note blamed another study).
-            results = [tune_kernel(group.shape, partitioning.target.device(group.device),
-                                   trials=0, storage=store, study_name=args.study,
-                                   target=args.target, op_class=group.signature.split("/")[1])
-                       for group in kernels]
+        # What a compile with this knowledge base applies: the best stored tiling of each
+        # kernel, which another study of the same kernel (--study NAME, an import) may hold.
+        from graphopt.tuner.kb import tuned_tilings
+
+        applied = tuned_tilings(url, result.model, partitioning, skipped=[])
+        # The rows read again after that: another run on the same studies may have added
+        # better trials meanwhile, and rows read as each kernel finished disagreed with the
+        # whole-model line. Read after `applied`, a row can only be as fast or faster, so a
+        # faster applied tiling is another study's.
+        results = [tune_kernel(group.shape, partitioning.target.device(group.device),
+                               trials=0, storage=store, study_name=args.study,
+                               target=args.target, op_class=group.signature.split("/")[1])
+                   for group in kernels]
     rows = [[g.signature, len(g.nodes), f"{r.default[1] * 1e6:.2f}", f"{r.best[1] * 1e6:.2f}",
              f"{r.speedup:.3f}", r.trials, str(r.best[0])] for g, r in zip(kernels, results)]
     print(format_table(["kernel signature", "nodes", "default µs", "tuned µs", "speedup",
                         "trials", "tuned tiling"], rows,
                        title=f"op tuning on {partitioning.target.name} (estimates; {url})"))
-    tuned = {node: r.best[0] for g, r in zip(kernels, results) for node in g.nodes}
-    # What a compile with this knowledge base applies: the best stored tiling of each kernel,
-    # which another study of the same kernel (--study NAME, an import) may hold.
-    from graphopt.tuner.kb import tuned_tilings
-
-    applied = tuned_tilings(url, result.model, partitioning, skipped=[])
-    elsewhere = [g.signature for g, r in zip(kernels, results)
-                 if any(applied.get(node, r.best[0]) != r.best[0] for node in g.nodes)]
+    counted, elsewhere = {}, []  # the tiling a compile applies to each node, and where
+    for group, found in zip(kernels, results):
+        device = partitioning.target.device(group.device)
+        for node in group.nodes:
+            other = applied.get(node)
+            if other is not None and other != found.best[0] and \
+                    estimate(group.shape, other, device).seconds < found.best[1]:
+                counted[node] = other
+                elsewhere += [group.signature] if group.signature not in elsewhere else []
+            else:
+                counted[node] = found.best[0]
     before = model_estimate(result.model, partitioning).seconds
-    after = model_estimate(result.model, partitioning, {**tuned, **applied}).seconds
+    after = model_estimate(result.model, partitioning, counted).seconds
     print(f"whole model (estimate): default {before * 1e6:.2f} µs, tuned {after * 1e6:.2f} µs, "
           f"{before / after:.3f}x")
     # A compile applies the tilings only when told where they are (AOE's bank is read by ATC

@@ -65,7 +65,9 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
         # built (the folder can go then).
         from graphopt.ir.external_data import save_onnx
 
-        with tempfile.TemporaryDirectory(prefix="graphopt-ort-") as folder:
+        from graphopt.atomic import scratch_writes
+
+        with tempfile.TemporaryDirectory(prefix="graphopt-ort-") as folder, scratch_writes():
             path = os.path.join(folder, "model.onnx")
             save_onnx(model, path, external=True)
             return ort.InferenceSession(path, options,

@@ -55,7 +55,7 @@ class ProgressLine:
             # Under --timeout the trial cap may never be reached (--trials 100000): the time
             # says how far the piece is, and in a log its tenths keep the lines coming.
             elapsed = now - self._started
-            text = f"{text}  {elapsed:.0f}/{self._seconds:.0f} s"
+            text = f"{text}  {_seconds(elapsed, self._seconds)}/{_seconds(self._seconds)} s"
             tenth = max(tenth, min(10, int(elapsed * 10 // self._seconds)))
         if self.terminal:
             # A shorter line ("best 9.50 µs" after "best 125.43 µs") is padded over the
@@ -116,3 +116,8 @@ def compile_line() -> ProgressLine:
     asked for output (an INT8 calibration with entropy ranges took 16 s without a word); in a
     log, under -q and from Python, silent (a compile's output is its summary)."""
     return ProgressLine(_COMPILE_PROGRESS.get() and sys.stderr.isatty())
+
+
+def _seconds(value: float, scale: float | None = None) -> str:
+    """Whole seconds, or tenths under a timeout below 10 s (a --timeout of 0.3 read 0/0 s)."""
+    return f"{value:.1f}" if (value if scale is None else scale) < 10 else f"{value:.0f}"

@@ -1110,6 +1110,20 @@ def test_an_interrupted_command_names_the_files_it_had_written(tmp_path, capsys)
         f"graphopt: interrupted (after writing {tmp_path / 'out.om'})\n"
 
 
+def test_an_interrupted_command_does_not_name_its_scratch_files(tmp_path, capsys):
+    # A measured subgraph tune stopped by Ctrl-C named 13 candidate .om files it had written
+    # to temporary folders and deleted, as if they had been left behind.
+    from graphopt.atomic import atomic_write, scratch_writes
+
+    def command(_args):
+        with scratch_writes(), atomic_write(tmp_path / "candidate.om") as f:
+            f.write(b"scratch")
+        raise KeyboardInterrupt
+
+    assert cli_module._run_command(types.SimpleNamespace(func=command)) == 130
+    assert capsys.readouterr().err == "graphopt: interrupted\n"
+
+
 @pytest.mark.parametrize("argv, message", [
     # an abbreviation is not an option: --output is not run's --outputs, which it suggests
     (["run", "m.om", "--output", "y.npz"], "run: unrecognized arguments: --output y.npz "

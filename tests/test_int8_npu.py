@@ -219,7 +219,7 @@ def test_tune_quantizes_as_optimize_does_and_optimize_finds_the_int8_tilings(tmp
     calib = calibration(tmp_path, "x", (1, 8, 16, 16))
     db = tmp_path / "tuning.db"
     flags = ["--target", "ascend310", "--quantize", "int8", "--calibration", calib]
-    rc, out, err = run_cli(capsys, "tune", model, *flags, "--trials", "3", "--tuning-db", db,
+    rc, out, err = run_cli(capsys, "tune", model, *flags, "--trials", "12", "--tuning-db", db,
                            "-q")
     assert rc == 0, err
     assert "/int8 " in out and "/float16 " in out  # the quantized convs, the float ends

@@ -8,6 +8,7 @@ import gc
 import json
 import multiprocessing
 import os
+import re
 import shlex
 import sys
 import time
@@ -73,9 +74,9 @@ def test_default_is_trial_zero_and_tpe_beats_it(a310):
     assert result.default == (default, estimate(SHAPE, default, a310).seconds)
     assert result.history[0] == result.default[1]           # trial 0 is the default
     assert result.best[1] <= result.default[1]
-    # Seed 0 reaches the exhaustive optimum, 1.224x in seconds (bench/tuning.py): 256x128x16,
-    # L1 depth 4, one core. Other seeds land within 1% in most runs.
-    assert result.speedup >= 1.2
+    # Within 2% of the exhaustive optimum, 1.093x in seconds (bench/tuning.py): 256x128x16,
+    # L1 depth 4, one core; every seed of the bench is there at 50 trials.
+    assert result.speedup >= 1.093 / 1.02
     assert outside_space(result.best[0], SHAPE, a310) is None
     assert result.best[0] in set(tiling_space(SHAPE, a310))
     assert result.space_size == 25784
@@ -573,7 +574,7 @@ def test_unnamed_cube_nodes_keep_their_own_tilings(tmp_path):
     assert [g.nodes for g in kernels] == [["%h"], ["%y"]]  # unnamed: keyed by their output
     url = f"sqlite:///{tmp_path / 'kb.db'}"
     for group in kernels:
-        tune_kernel(group.shape, "ascend310", trials=8, storage=url)
+        tune_kernel(group.shape, "ascend310", trials=30, storage=url)
     tilings = tuned_tilings(url, result.model, result.partitioning)
     assert set(tilings) == {"%h", "%y"} and tilings["%h"] != tilings["%y"]
     from graphopt.tuner.model import model_estimate
@@ -624,7 +625,7 @@ def test_the_tables_whole_model_counts_what_a_compile_applies_from_another_study
     path = str(tmp_path / "mm.onnx")
     onnx.save(zoo.build("matmul256"), path)
     db = str(tmp_path / "st.db")
-    assert _cli(["tune", path, "--target", "ascend310", "--study", "mine", "--trials", "10",
+    assert _cli(["tune", path, "--target", "ascend310", "--study", "mine", "--trials", "25",
                  "--tuning-db", db, "-q"]) == 0
     named = capsys.readouterr().out
     assert _cli(["tune", path, "--target", "ascend310", "--trials", "1", "--tuning-db", db,
@@ -633,7 +634,7 @@ def test_the_tables_whole_model_counts_what_a_compile_applies_from_another_study
     whole = [line for line in out.splitlines() if line.startswith("whole model")]
     assert whole == [line for line in named.splitlines() if line.startswith("whole model")]
     assert "note: 1 kernel(s) have a faster tiling in another study of " in out
-    assert "28.98     28.98    1.000" in out  # the table's row is still this study's own
+    assert "25.75     25.75    1.000" in out  # the table's row is still this study's own
 
 
 def test_rows_are_read_again_after_another_run_improved_an_earlier_kernel(tmp_path, capsys,
@@ -664,11 +665,46 @@ def test_rows_are_read_again_after_another_run_improved_an_earlier_kernel(tmp_pa
     assert first.split()[5] == "62"  # 2 of this run and 60 of the other
 
 
+def test_a_better_trial_landing_between_the_reads_is_no_other_study(tmp_path, capsys,
+                                                                      monkeypatch):
+    # Two runs started together on one new knowledge base: the other added a faster trial to
+    # this study between the rows' read and the read of what a compile applies, and a note
+    # blamed "another study", with a whole-model figure that disagreed with the row.
+    import graphopt.tuner.kb as kb
+    import graphopt.tuner.search as search
+    from graphopt import zoo
+
+    path = str(tmp_path / "mm.onnx")
+    onnx.save(zoo.build("matmul256"), path)
+    db = str(tmp_path / "race.db")
+    real_tilings, real_tune = kb.tuned_tilings, search.tune_kernel
+
+    def then_the_other_run(*args, **kw):
+        applied = real_tilings(*args, **kw)
+        shape = SHAPE
+        real_tune(shape, "ascend310", trials=60, seed=7, target="ascend310",
+                  storage=f"sqlite:///{db}")
+        return applied
+
+    monkeypatch.setattr(kb, "tuned_tilings", then_the_other_run)
+    assert _cli(["tune", path, "--target", "ascend310", "--trials", "2", "--tuning-db", db,
+                 "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "another study" not in out, out
+    row = next(line for line in out.splitlines() if line.startswith("ascend310/gemm"))
+    whole = next(line for line in out.splitlines() if line.startswith("whole model"))
+    assert row.split()[5] == "62"  # 2 of this run and 60 of the other
+    # The whole-model line counts the row's tiling: both gain the same.
+    default, tuned = float(row.split()[2]), float(row.split()[3])
+    found = re.search(r"default ([\d.]+) µs, tuned ([\d.]+) µs", whole)
+    assert abs((float(found[1]) - float(found[2])) - (default - tuned)) < 0.02, (row, whole)
+
+
 def test_cli_tune_prints_the_table(tmp_path, capsys):
     path = conv_model(str(tmp_path / "m.onnx"))
     db = str(tmp_path / "cli.db")
     plot = str(tmp_path / "h.png")
-    assert _cli(["tune", path, "--target", "ascend310", "--trials", "5", "--tuning-db", db,
+    assert _cli(["tune", path, "--target", "ascend310", "--trials", "20", "--tuning-db", db,
                  "--plot", plot]) == 0
     out = capsys.readouterr()
     assert "ascend310/conv/b1_m1024_k144_n16/float16" in out.out
@@ -693,7 +729,7 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
     assert _cli(["kb", "list", "--tuning-db", db, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)  # one document, for scripts
     (kernel,) = listed["kernels"]
-    assert kernel["signature"].endswith("b1_m1024_k144_n16/float16") and kernel["trials"] == 5
+    assert kernel["signature"].endswith("b1_m1024_k144_n16/float16") and kernel["trials"] == 20
     assert listed["subgraph_studies"] == []
     assert _cli(["kb", "export", str(tmp_path / "kb.json"), "--tuning-db", db]) == 0
 
@@ -919,6 +955,12 @@ def test_progress_under_a_timeout_goes_by_the_time_when_the_trial_cap_is_far(
     # In a log: the first, then a line a tenth of the time, each saying how long of how long.
     assert capsys.readouterr().err.splitlines() == ["trial 1/100000  0/60 s"] + [
         f"trial {12 * tenth}/100000  {6 * tenth}/60 s" for tenth in range(1, 11)]
+    # A --timeout under 10 s counts tenths: 0.3 s had read 0/0 s all along.
+    line = progress.ProgressLine()
+    line.begin(1, seconds=0.3)
+    clock[0] += 0.15
+    line.update("trial 1/100000", 1, 100000)
+    assert capsys.readouterr().err.splitlines() == ["trial 1/100000  0.1/0.3 s"]
 
 
 def test_progress_on_a_terminal_covers_a_longer_earlier_line(capsys):

@@ -14,6 +14,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt import api_args
+from graphopt.atomic import scratch_writes
 from graphopt.errors import GraphoptError, InputError, OptionError, model_label, naming
 from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
@@ -122,7 +123,8 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto | bytes,
             raise InputError(f"{label}: no such file")
         if os.path.isdir(label):
             raise InputError(f"{label}: is a directory, expected an .onnx or .om file")
-    with tempfile.TemporaryDirectory(prefix="graphopt-profile-") as workdir, model_label(label):
+    with tempfile.TemporaryDirectory(prefix="graphopt-profile-") as workdir, model_label(label), \
+            scratch_writes():
         if not is_proto and _is_om(label):
             profile = _profile_om(label, feeds, repeat, warmup, threads, level, input_shapes,
                                   seed, workdir)

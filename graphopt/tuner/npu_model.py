@@ -16,11 +16,19 @@ tn ≤ base_n: tail tiles are smaller) over K-steps of tk ≤ base_k:
                  epilogue, int32 results to float16 on the vector unit, in the UB)
 
 A tile takes TILE_SETUP scalar cycles plus
-    double buffered:  max(Σ_steps max(gm_step, l0_step, cube_step), writeback)
+    double buffered:  max(loop, writeback),  loop = Σ_steps max(gm_step, l0_step, cube_step)
                       (the pipes overlap; the tile's writeback overlaps the next tile's K loop)
     single buffered:  Σ_steps (gm_step + l0_step + cube_step) + writeback       (they add)
-and with double buffering the core pays the pipeline fill once: the first L1 load and L0 load
-(gm_step·min(l1_depth, K-steps) + l0_step) and the last tile's writeback.
+and with double buffering the core pays the pipeline's fill and drain once, what the loop's
+max leaves out of its first and last steps. GM→L1 moves D = min(l1_depth, K-steps) steps per
+DMA, and the L1→L0→cube pipe (compute_step = max(l0_step, cube_step)) runs behind it: a
+compute-bound core waits for the first DMA (D·gm_step), a memory-bound one for the last D
+steps' compute after their data arrived (D·compute_step), so the fill is
+    Σ_first D steps min(gm_step, compute_step) + min(l0_step, cube_step) + min(loop, writeback)
+(the same for the inner L0 pipe, and the last tile's writeback, which no later loop hides: n
+tiles take loop + (n - 1)·max(loop, writeback) + writeback). With every term of the fill below
+what single buffering adds, a double-buffered tiling never prices above the same tiling single
+buffered.
 
 The batch·⌈M/base_m⌉·⌈N/base_n⌉ output tiles are spread over the active cores; the busiest
 core has ⌈tiles/active⌉ of them and is charged the most expensive ones (full before tail tiles).
@@ -93,24 +101,28 @@ def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Dev
     db = tiling.double_buffer
     k_tail = shape.k - (kt - 1) * bk
 
+    depth = min(tiling.l1_depth, kt)
+
     def tile(tm: int, tn: int) -> dict:
-        terms = {"cube": 0.0, "gm": 0.0, "l0": 0.0, "loop": 0.0}
+        terms = {"cube": 0.0, "gm": 0.0, "l0": 0.0, "loop": 0.0, "fill": 0.0}
+        filled = 0  # of the first DMA's steps, counted into the fill
         for tk, count in ((bk, kt - 1), (k_tail, 1)):
             if not count:
                 continue
             cube = math.ceil(tm / cm) * math.ceil(tn / cn) * math.ceil(tk / ck)
-            gm = (tm + tn) * tk * ib / bw_core + 2 * DMA_SETUP / min(tiling.l1_depth, kt)
+            gm = (tm + tn) * tk * ib / bw_core + 2 * DMA_SETUP / depth
             l0 = tm * tk * ib / L1_TO_L0A + tk * tn * ib / L1_TO_L0B
             terms["cube"] += count * cube
             terms["gm"] += count * gm
             terms["l0"] += count * l0
             terms["loop"] += count * (max(cube, gm, l0) if db else cube + gm + l0)
+            first = min(count, depth - filled)
+            terms["fill"] += first * min(gm, max(l0, cube)) + (min(l0, cube) if not filled else 0)
+            filled += first
         terms["writeback"] = tm * tn * (ab / L0C_OUT + ob / bw_core + dequant)
         terms["time"] = TILE_SETUP + (max(terms["loop"], terms["writeback"]) if db
                                       else terms["loop"] + terms["writeback"])
-        terms["first_l0"] = tm * min(bk, shape.k) * ib / L1_TO_L0A + min(bk, shape.k) * tn * ib / L1_TO_L0B
-        terms["first_gm"] = ((tm + tn) * min(bk, shape.k) * ib / bw_core * min(tiling.l1_depth, kt)
-                             + 2 * DMA_SETUP)
+        terms["fill"] += min(terms["loop"], terms["writeback"])
         return terms
 
     m_tail, n_tail = shape.m - (mt - 1) * bm, shape.n - (nt - 1) * bn
@@ -128,11 +140,8 @@ def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Dev
         for key in totals:
             totals[key] += take * terms[key]
         left -= take
-    fill = 0.0
-    if db:
-        # Charged for the most expensive tile kind, so a tail tile never shortens the drain.
-        first = kinds[0][1]
-        fill = first["first_gm"] + first["first_l0"] + first["writeback"]
+    # Charged for the most expensive tile kind, so a tail tile never shortens the drain.
+    fill = kinds[0][1]["fill"] if db else 0.0
     cycles = totals["time"] + fill
     movement = totals["gm"] + totals["writeback"]
     bound = ("memory" if movement >= max(totals["cube"], totals["l0"])

@@ -260,7 +260,8 @@ def _conv_transpose_shape(attrs: dict, x: tuple, w: tuple, dtype: str,
     """ConvTranspose as CANN's Conv2DBackpropInput runs it: a direct conv over the input
     dilated by the strides, so one GEMM row per output pixel: M = N·Hout·Wout, K = Cin/g·kh·kw,
     N = Cout/g (the weight is [Cin, Cout/g, kh, kw]); the zeros the dilation inserts are
-    multiplied too."""
+    multiplied too. Groups are packed as a Conv's are (group_enlargement): one 1-wide GEMM per
+    channel priced a depthwise ConvTranspose above a dense one of 64 times its work."""
     group = int(attrs.get("group", 1))
     kernel = w[2:]
     if out is not None and len(out) == len(x):
@@ -273,8 +274,10 @@ def _conv_transpose_shape(attrs: dict, x: tuple, w: tuple, dtype: str,
         extra = attrs.get("output_padding") or [0] * rank
         spatial = [strides[i] * (d - 1) + extra[i] + dilations[i] * (kernel[i] - 1) + 1
                    - pads[i] - pads[i + rank] for i, d in enumerate(x[2:])]
-    return GemmShape(group, x[0] * math.prod(spatial), (x[1] // group) * math.prod(kernel),
-                     w[1], dtype)
+    cin = x[1] // group
+    enlarge = group_enlargement(group, cin, w[1], dtype)
+    return GemmShape(-(-group // enlarge), x[0] * math.prod(spatial),
+                     enlarge * cin * math.prod(kernel), enlarge * w[1], dtype)
 
 
 # --- the space ------------------------------------------------------------------------------
