@@ -207,17 +207,18 @@ def test_dynamic_input_keeps_the_model_on_the_host_until_pinned(tmp_path, capsys
 
 
 def test_the_all_on_the_host_warning_counts_each_reason(tmp_path, capsys):
-    # An LSTM has no npu kernel: no note says so (the notes name dynamic shapes and islands
-    # the cost model returned), and the warning pointed to them for its reason.
+    # A plain RNN has no npu kernel (CANN lists LSTM and GRU, not RNN): no note says so (the
+    # notes name dynamic shapes and islands the cost model returned), and the warning pointed
+    # to them for its reason.
     proto = build("""
         g (float[5,2,8] x) => (float[5,1,2,16] y) {
-            y, h, c = LSTM <hidden_size = 16> (x, w, r)
-        }""", w=weight(1, 64, 8), r=weight(1, 64, 16))
+            y, h = RNN <hidden_size = 16> (x, w, r)
+        }""", w=weight(1, 16, 8), r=weight(1, 16, 16))
     onnx.save(proto, tmp_path / "m.onnx")
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.om"),
                  "--target", "ascend310"]) == 0
     err = capsys.readouterr().err
-    assert "none on the npu (1 no npu kernel for LSTM; `graphopt partition" in err, err
+    assert "none on the npu (1 no npu kernel for RNN; `graphopt partition" in err, err
 
 
 def test_the_all_on_the_host_warning_of_shape_profiles_pins_the_first_profile(tmp_path, capsys):
@@ -225,8 +226,8 @@ def test_the_all_on_the_host_warning_of_shape_profiles_pins_the_first_profile(tm
     # profile's shapes, where it had left the batch open (reporting dynamic shapes instead).
     proto = build("""
         g (float[5,B,8] x) => (float[5,1,B,16] y) {
-            y, h, c = LSTM <hidden_size = 16> (x, w, r)
-        }""", w=weight(1, 64, 8), r=weight(1, 64, 16))
+            y, h = RNN <hidden_size = 16> (x, w, r)
+        }""", w=weight(1, 16, 8), r=weight(1, 16, 16))
     onnx.save(proto, tmp_path / "m.onnx")
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.om"),
                  "--target", "ascend310", "--dynamic-dims", "B:1,4"]) == 0
@@ -243,13 +244,13 @@ def test_reason_counts_name_the_commonest_kinds_first():
         return SimpleNamespace(qualified_op=op)
 
     reasons = [(node("Add"), "returned to cpu: the npu would save 1.0 µs on them, …")] * 3 \
-        + [(node("LSTM"), "no npu kernel for LSTM")] \
+        + [(node("RNN"), "no npu kernel for RNN")] \
         + [(node("Gemm"), "dynamic shape: %x [N,8]")] * 2 \
         + [(node("Where"), "no npu kernel for Where inside If")] \
         + [(node("Cast"), "dtype float64 of %c: Cast takes float16, float32")]
     partitioning = SimpleNamespace(fallbacks=lambda: reasons)
     assert reason_counts(partitioning) == ("3 returned by the cost model, 2 dynamic shape, "
-                                           "1 no npu kernel for LSTM, 2 for other reasons")
+                                           "1 no npu kernel for RNN, 2 for other reasons")
     # A dtype no kernel takes is named with the op: a float64 model's MatMuls say so.
     assert reason_counts(partitioning, shown=6).endswith(", 1 Cast in float64")
 
@@ -708,6 +709,31 @@ def test_a_value_that_reaches_the_host_anyway_is_no_copy_the_island_saves():
     assert "µs of host↔device copies" in reason
     two = 2 * transfer_seconds(1024 * 512 * 4, partitioning.target) * 1e6
     assert f"would add {two:.1f} µs" in reason, reason
+
+
+def test_lstm_and_gru_run_on_the_npu_priced_as_a_gemm_per_step(tmp_path):
+    # CANN documents both for ONNX (DynamicRNN, DynamicGRUV2); a Conv → BiLSTM → GRU speech
+    # encoder had gone to the host whole ("no npu kernel for LSTM").
+    from graphopt.tuner.model import model_estimate
+
+    proto = build("""
+        g (float[100,1,80] x) => (float[100,1,1,64] y) {
+            l, lh, lc = LSTM <hidden_size = 128, direction = "bidirectional"> (x, w1, r1)
+            t = Transpose <perm = [0, 2, 1, 3]> (l)
+            f = Reshape (t, shape)
+            y, yh = GRU <hidden_size = 64> (f, w2, r2)
+        }""", w1=weight(2, 512, 80), r1=weight(2, 512, 128), w2=weight(1, 192, 256),
+        r2=weight(1, 192, 64), shape=np.array([100, 1, 256], np.int64))
+    for target in ("ascend310", "ascend310b", "ascend910b"):
+        result, path = compile_om(proto, tmp_path, target=target)
+        assert devices(result) == ["npu"], target
+    feeds = {"x": RNG.standard_normal((100, 1, 80)).astype(np.float32)}
+    assert_same_outputs(proto, path, feeds)
+    rows = {r.name: r for r in model_estimate(result.model, result.partitioning).rows}
+    lstm = next(r for name, r in rows.items() if name.startswith("%l"))
+    # 200 steps of a [1 → 16 rows, 208] × [208, 512] GEMM at the 910B's fp16 peak, and more
+    # than an elementwise op of its 25,600 outputs would cost.
+    assert lstm.seconds > 2 * 200 * 16 * 208 * 512 / 294.9e12
 
 
 def test_islands_that_keep_each_others_copies_are_judged_together(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ Flops and bytes come from static shapes (`node_work`). The classes group ops tha
 kind of kernel, so one measured kernel speaks for its class:
 
     gemm         MatMul, Gemm, FusedMatMul, FusedGemm, Attention…     2·M·N·K flops
+                 LSTM, GRU: a GEMM per time step (recurrent.py)        2·MACs + the gates
     conv         Conv, FusedConv, com.microsoft.nchwc::Conv…           2·outputs·(Cin/g·kh·kw)
     gemm_int8    QLinearMatMul, MatMulInteger…, a QDQ MatMul/Gemm      as gemm, on 8-bit data
     conv_int8    QLinearConv, ConvInteger, a QDQ Conv                  as conv, on 8-bit data
@@ -40,6 +41,7 @@ import numpy as np
 
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.estimate import PARTIAL_READ, bytes_moved, value_bytes
+from graphopt.tuner.recurrent import GATE_COST, GATES, recurrent_work
 
 OP_CLASSES = ("gemm", "conv", "gemm_int8", "conv_int8", "elementwise", "reduction", "movement",
               "view")
@@ -76,7 +78,7 @@ _VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Siz
 def op_class(node: Node) -> str:
     """The class whose constants price `node` (one of OP_CLASSES)."""
     op = node.op_type
-    if op in _GEMM:
+    if op in _GEMM or (op in GATES and node.is_onnx):
         return "gemm" if not _qdq_int8(node) else "gemm_int8"
     if op in _CONV:
         return "conv" if not _qdq_int8(node) else "conv_int8"
@@ -155,7 +157,10 @@ def node_work(node: Node) -> tuple[float, float]:
             + sum(value_bytes(_requantized(v) or v) for v in outs)
     else:
         moved = sum(value_bytes(v) for v in ins + outs)
-    if cls in ("gemm", "gemm_int8"):
+    recurrent = recurrent_work(node)
+    if recurrent is not None:  # a GEMM per time step, priced as gemm (recurrent.py)
+        flops = 2 * recurrent.macs + GATE_COST * recurrent.gate_elements
+    elif cls in ("gemm", "gemm_int8"):
         flops = _gemm_flops(node, out_elems)
     elif cls in ("conv", "conv_int8"):
         flops = _conv_flops(node, out_elems)

@@ -38,6 +38,7 @@ import onnx
 from graphopt.partition.estimate import bytes_moved, value_bytes
 from graphopt.partition.quant_fit import qdq_problem, reads
 from graphopt.tuner.npu_model import Estimate, estimate
+from graphopt.tuner.recurrent import GATE_COST, RecurrentWork, recurrent_work
 from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CUBE_OPS, dequantized_8bit,
                                    group_anchor_shape)
 
@@ -102,9 +103,24 @@ def vector_estimate(node: Node, device: Device, functions: dict | None = None) -
                        note="AscendQuant in the UB epilogue of the kernel before it")
     outs = [v for v in node.outputs if v is not None]
     ins = [v for v in node.inputs if v is not None]
+    recurrent = recurrent_work(node)
+    if recurrent is not None:
+        return _recurrent_estimate(node, recurrent, device, _elem_bytes(outs + ins))
     work = max((elements(v) for v in outs), default=0) * OP_COST.get(node.op_type, 1)
     compute = work / vector_rate(device, _elem_bytes(outs + ins))
     return _result(compute, bytes_moved(node), device)
+
+
+def _recurrent_estimate(node: Node, work: RecurrentWork, device: Device,
+                        elem_bytes: int) -> Estimate:
+    """An LSTM or GRU (recurrent.py): each step's GEMM on the cube at its peak rate, its rows
+    padded to the cube's 16 (a batch of 1 fills a sixteenth of it), then the gates on the
+    vector unit; one kernel."""
+    rows = -(-work.batch // 16) * 16
+    peak = (device.peak_ops_per_s or {}).get("float16") or 1e12
+    cube = 2 * work.steps * rows * work.k * work.n / peak
+    gates = work.gate_elements * GATE_COST / vector_rate(device, elem_bytes)
+    return _result(cube + gates, bytes_moved(node), device, recurrent_steps=work.steps)
 
 
 def _fused_quantize(node: Node) -> bool:
