@@ -94,7 +94,7 @@ def add_inspect_parser(sub) -> None:
                         "ATC's --mode=1 JSON gives")
     p.add_argument("-o", "--output", type=path_text, metavar="FILE",
                    help="write to FILE (replaced whole, never half-written) instead of "
-                        "standard output")
+                        "standard output (- is standard output)")
     p.set_defaults(func=_cmd_inspect)
 
 
@@ -251,6 +251,8 @@ def _cmd_inspect(args) -> int:
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected an .om or .onnx file")
+    if args.output == "-":  # standard output, as in most tools
+        args.output = None
     if args.output:
         check_output_path("-o", args.output, {"the model": path})
     # By content, with the suffix as a tie-breaker: a broken .om gets load_om's precise reason,

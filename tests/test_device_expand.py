@@ -216,6 +216,25 @@ g (float[2, 3, 5, 4] q, float[2, 3, 5, 4] k, float[2, 3, 5, 4] v) => (float[2, 3
                                numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("attrs, mask", [("scale = 0.0", ""), ("scale = -0.5", ""),
+                                         ("", "float[5, 1] m"), ("", "float[1, 1, 5, 2] m")])
+def test_an_onnx_attentions_zero_scale_negative_scale_and_short_mask(attrs, mask):
+    # A scale of 0 had been read as the default 1/√H (0.35 off); a negative one, which gives
+    # NaN in onnxruntime, and a mask shorter than the keys, which opset 24 pads with -inf
+    # where the expansion's Add broadcast it (or failed), keep the op.
+    proto = parse_model(f"""
+g (float[1, 2, 5, 4] q, float[1, 2, 5, 4] k, float[1, 2, 5, 4] v{", " + mask if mask else ""})
+  => (float[1, 2, 5, 4] y) {{
+  y = Attention <{attrs or "is_causal = 0"}> (q, k, v{", m" if mask else ""})
+}}""", header='<ir_version: 11, opset_import: ["" : 25]>\n')
+    result = graphopt.optimize(proto, target="ascend310")
+    expanded = "Attention" not in [n.op_type for n in result.model.graph]
+    assert expanded == (attrs == "scale = 0.0")
+    feeds = numerics.random_feeds(proto, seed=5)
+    want, got = numerics.run(proto, feeds)["y"], numerics.run(result.to_onnx(), feeds)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 def test_onnx_attention_with_a_bool_mask_or_on_the_cpu_stays():
     result = graphopt.optimize(_onnx_attention("bool"), target="ascend310",
                                trace_rules=["OnnxAttentionAsMatMuls"])

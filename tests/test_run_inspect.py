@@ -743,6 +743,28 @@ def test_inspect_nodes_json_is_strict_and_describes_tensors_and_bodies(tmp_path,
     assert rc == 0 and "then_branch=<body of 1 nodes>" in out and "value=<float [2, 3]>" in out
 
 
+def test_inspect_nodes_text_elides_long_names_and_shows_binary_bytes(tmp_path, capsys):
+    # Each column is as wide as its widest cell: one 5,000-character name had made a 100k-node
+    # listing 503 MB. Binary bytes had been decoded with replacement characters.
+    long = "n" * 5000
+    nodes = [helper.make_node("Relu", ["x"], [long], name=long),
+             helper.make_node("Tagged", [long], ["y"], name="id", domain="my.ops",
+                              tag=b"\xff\xfe\x00bin")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [_tensor("x", [2])],
+                                                [_tensor("y", [2])]),
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("my.ops", 1)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    rc, out, err = cli(capsys, "inspect", path, "--nodes")
+    assert rc == 0, err
+    assert max(len(line) for line in out.splitlines()) < 400 and "tag=<6 bytes>" in out
+    rc, out, err = cli(capsys, "inspect", path, "--nodes", "--json")
+    graph = json.loads(out)["graph"]
+    assert graph[0]["name"] == long and graph[1]["attributes"] == {"tag": {"bytes_hex":
+                                                                            "fffe0062696e"}}
+
+
 def test_inspect_onnx(tmp_path, capsys):
     path = tmp_path / "model.onnx"
     onnx.save(exported("N"), path)

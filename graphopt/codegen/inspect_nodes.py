@@ -9,9 +9,13 @@ import math
 import onnx
 from onnx import helper
 
-from graphopt.table import format_table
+from graphopt.table import elide, format_table
 
 _SHOWN_ATTRIBUTE = 40  # characters of an attribute's value in the text table
+# Characters of a name, and of a cell of names, in the text table: a column is as wide as its
+# widest cell, so one 5,000-character name had made a 100k-node listing 503 MB (--json keeps
+# every name whole).
+_SHOWN_NAME, _SHOWN_NAMES = 80, 200
 
 
 def node_records(graph: onnx.GraphProto) -> list[dict]:
@@ -41,7 +45,10 @@ def _plain(value):
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:  # binary: shown as it is, not with replacement characters
+            return {"bytes_hex": value.hex()}
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # "nan", "inf", "-inf"
     if isinstance(value, onnx.TensorProto):
@@ -58,10 +65,15 @@ def _plain(value):
 
 def format_nodes(records: list[dict], title: str) -> str:
     """The records as a table, one row per node (a body's nodes are counted, not listed)."""
-    rows = [[i, r["name"], r["op"], ", ".join(r["inputs"]), ", ".join(r["outputs"]),
-             _attribute_text(r["attributes"])] for i, r in enumerate(records)]
+    rows = [[i, elide(r["name"], _SHOWN_NAME), r["op"], _names(r["inputs"]),
+             _names(r["outputs"]), _attribute_text(r["attributes"])]
+            for i, r in enumerate(records)]
     return format_table(["#", "node", "op", "inputs", "outputs", "attributes"], rows,
                         title=title, names=(1, 3, 4))
+
+
+def _names(names: list[str]) -> str:
+    return elide(", ".join(elide(name, _SHOWN_NAME) for name in names), _SHOWN_NAMES)
 
 
 def _attribute_text(attributes: dict) -> str:
@@ -71,6 +83,10 @@ def _attribute_text(attributes: dict) -> str:
             text = f"<body of {len(value['nodes'])} nodes>"
         elif isinstance(value, dict) and "tensor" in value:
             text = f"<{value['tensor']} {value['shape']}>"
+        elif isinstance(value, dict) and "sparse_tensor" in value:
+            text = f"<sparse {value['sparse_tensor']}>"
+        elif isinstance(value, dict) and "bytes_hex" in value:
+            text = f"<{len(value['bytes_hex']) // 2} bytes>"
         else:
             text = str(value).replace(" ", "")
         if len(text) > _SHOWN_ATTRIBUTE:

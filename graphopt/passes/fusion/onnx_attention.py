@@ -52,6 +52,13 @@ class OnnxAttentionAsMatMuls(Rule):
             return "K and V have other heads than Q (grouped-query), or the head size is open"
         if mask is not None and mask.dtype != q.dtype:
             return f"its mask %{mask.name} is not additive (a {mask.dtype} mask)"
+        if mask is not None and (not mask.shape or mask.shape[-1] != shapes[1][2]):
+            # From opset 24 a mask shorter than the keys is padded with -inf, which the Add
+            # of the expansion would broadcast instead (or fail on).
+            return f"its mask %{mask.name} does not span every key"
+        if float(attention.attr("scale", 1.0)) < 0:
+            # The op scales Q and K by its square root each: onnxruntime gives NaN.
+            return "its scale is negative"
         if (int(attention.attr("is_causal", 0)) or _windowed(attention)) and not (
                 isinstance(shapes[0][2], int) and shapes[0][2] == shapes[1][2]):
             return ("causal or windowed over another number of keys than queries, or at an open "
@@ -60,7 +67,9 @@ class OnnxAttentionAsMatMuls(Rule):
 
     def rewrite(self, op, q, k, v, attention, mask=None, **_):
         size = q.shape[3]
-        scale = attention.attr("scale") or 1.0 / np.sqrt(size)
+        scale = attention.attr("scale")
+        if scale is None:  # 0.0 is a scale (every key weighs the same), not the default
+            scale = 1.0 / np.sqrt(size)
         dtype = np.float32
         scores = op.Mul(op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2])),
                         op.const(np.array(scale, dtype)))
