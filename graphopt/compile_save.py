@@ -113,6 +113,17 @@ def _source_sha256(result: OptimizeResult) -> str | None:
     return file_sha256(path)
 
 
+def _source_external_sha256(result: OptimizeResult) -> str | None:
+    """The sha256 of the source model's external data files (ir/data_files.py), under the
+    conditions _source_sha256 reads the file itself; None when it has none."""
+    if result.source_sha256 is not None or result.source_identity is None \
+            or file_identity(result.source_label) != result.source_identity:
+        return None
+    from graphopt.ir.data_files import external_data_sha256
+
+    return external_data_sha256(result.source_label)
+
+
 def _check_not_weights_file(models: list, path: str) -> None:
     """OptionError when `path` is a file the models read weights from (the input's external
     data, `-o weights.bin` say): replacing it would leave that model unloadable, or loading
@@ -180,6 +191,7 @@ def _save_om(model: Model | ModelProto, result: OptimizeResult | None, path: str
         extra = {**extra, **_recorded_extra(model)}
         write_om(path, parts, source_path=result.source_label if result else None,
                  source_bytes_sha256=_source_sha256(result) if result else None,
+                 source_external_sha256=_source_external_sha256(result) if result else None,
                  hash_source=False,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
                  inputs=inputs, outputs=outputs, weight_sources=sources)
@@ -293,6 +305,6 @@ def _save_profiles_om(result: OptimizeResult, path: str, tuning_db: str | None) 
         inputs, outputs = _signature_names(result.profiles[0].result.model)
         write_om(path, [], profiles=profiles, dynamic_signature=result.dynamic_signature,
                  source_path=result.source_label, source_bytes_sha256=_source_sha256(result),
-                 hash_source=False,
+                 source_external_sha256=_source_external_sha256(result), hash_source=False,
                  target=target, pass_log=_reproducible_log(result), extra=extra,
                  inputs=inputs, outputs=outputs, weight_sources=sources)

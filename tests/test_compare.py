@@ -682,6 +682,25 @@ def test_a_reference_that_is_not_the_oms_source_is_named(files):
                    for n in compare_models(files["bad.onnx"], files["opt.onnx"]).notes)
 
 
+def test_a_reference_whose_external_weights_differ_from_the_oms_source_is_named(tmp_path):
+    # Two models with their weights in external data differ only in those files: the .om had
+    # recorded the .onnx file's sha256 alone, and compare took the other model for its source.
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((64, 64)).astype(np.float32)
+    for folder, scale in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / folder).mkdir()
+        proto = parse_model("g (float[1, 64] x) => (float[1, 64] y) { y = MatMul (x, w) }",
+                            w=weight * scale)
+        onnx.save(proto, tmp_path / folder / "m.onnx", save_as_external_data=True,
+                  location="m.bin", size_threshold=0)
+    assert (tmp_path / "a/m.onnx").read_bytes() == (tmp_path / "b/m.onnx").read_bytes()
+    save(optimize(str(tmp_path / "a/m.onnx")), str(tmp_path / "a.om"))
+    notes = compare_models(str(tmp_path / "b/m.onnx"), str(tmp_path / "a.om")).notes
+    assert any("reads other external data than the model" in n for n in notes), notes
+    notes = compare_models(str(tmp_path / "a/m.onnx"), str(tmp_path / "a.om")).notes
+    assert not any("external data" in n or "is not the model" in n for n in notes), notes
+
+
 def test_the_default_rule_passes_outputs_off_by_rounding_alone_as_verify_does(tmp_path, capsys):
     # A compile's NCHWc convolutions sum in another order: PaddleOCR's text detector compiled
     # at -O2 failed compare (228 of 307,200 elements past 1e-4, by 1.3e-4) where --verify, on

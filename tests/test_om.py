@@ -118,6 +118,23 @@ def test_manifest_contents(om_path):
     assert artifact.partitions[0].model.graph.node[0].op_type == "MatMul"
 
 
+def test_an_artifact_using_a_feature_older_readers_ignore_is_format_3(tmp_path):
+    # Releases before a feature ignore keys they do not know: a partition whose session must
+    # not run MatmulTransposeFusion ran with it there, 1.7 off. Such an artifact is version 3,
+    # which they refuse, and names what it requires.
+    parts = split_matmul_relu()
+    parts[1].disabled_optimizers = ["MatmulTransposeFusion"]
+    write_om(tmp_path / "a.om", parts)
+    manifest = load_om(tmp_path / "a.om").manifest
+    assert manifest["format_version"] == 3 and manifest["requires"] == ["disabled_optimizers"]
+    x = x_batch()
+    want = reference(matmul_relu(), {"X": x})["Y"]
+    np.testing.assert_allclose(OmSession(tmp_path / "a.om").run({"X": x})["Y"], want, rtol=1e-6)
+    write_om(tmp_path / "b.om", split_matmul_relu())
+    assert load_om(tmp_path / "b.om").manifest["format_version"] == 1  # as before
+    assert "requires" not in load_om(tmp_path / "b.om").manifest
+
+
 def test_source_sha256_is_computed_from_the_file(tmp_path):
     source = tmp_path / "src.onnx"
     source.write_bytes(matmul_relu().SerializeToString())
@@ -520,7 +537,14 @@ def details_elsewhere(manifest, members):
 
 
 BAD_CASES = {
-    "future_version": (set_field("format_version", 3), r"format_version 3 is newer .* upgrade graphopt"),
+    "future_version": (set_field("format_version", 4), r"format_version 4 is newer .* upgrade graphopt"),
+    # A feature this reader does not know: ignoring it (as releases before version 3 ignored
+    # disabled_optimizers) would compute other results.
+    "unknown_feature": (lambda manifest, members: manifest.update(
+        format_version=3, requires=["fancy_rounding"]),
+        r"requires 'fancy_rounding', which this graphopt does not know; upgrade graphopt"),
+    "requires_in_v1": (set_field("requires", ["disabled_optimizers"]),
+                       "manifest lists requires, which need format_version 3"),
     "zero_version": (set_field("format_version", 0), "unsupported format_version 0"),
     "wrong_format": (set_field("format", "tflite"), r"not a graphopt \.om .*'tflite'"),
     "checksum": (tamper, r"member 'partitions/p0.onnx' fails its sha256 check"),

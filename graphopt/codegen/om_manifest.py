@@ -9,11 +9,25 @@ from typing import Any
 
 
 FORMAT = "graphopt-om"
-FORMAT_VERSION = 2  # bump on any change an older reader would misread; readers refuse newer ones
+FORMAT_VERSION = 3  # bump on any change an older reader would misread; readers refuse newer ones
 # Version 2 added shape profiles. An artifact without them is still written as version 1, so
 # graphopt releases that predate profiles keep reading it; one with profiles is refused by them
 # instead of running its default profile on inputs of every shape.
 PROFILES_VERSION = 2
+# Version 3 added "requires": the features of the manifest a reader must honour to compute the
+# artifact's results, each by name. Readers ignore keys they do not know, so a release that
+# predated a feature ran such an artifact without it: a partition whose session must not run
+# onnxruntime's MatmulTransposeFusion returned results 1.7 off, and one bounding an input's
+# ids by a 4-bit table's rows returned garbage for ids past them. Written only when the
+# artifact uses one (else as version 1 or 2, as before); a reader refuses a name it does not
+# know, naming it.
+REQUIRES_VERSION = 3
+FEATURES = {
+    # A partition's "disabled_optimizers": onnxruntime rewrites that change its results.
+    "disabled_optimizers": "its sessions must not run some of onnxruntime's graph rewrites",
+    # An input's "index_rows"/"index_dims": ids and lengths bounded by a 4-bit table's rows.
+    "index_bounds": "its inputs' ids are bounded by the rows of a 4-bit embedding table",
+}
 MANIFEST_NAME = "manifest.json"
 # The pass log and the extras (memory plan, partitioning, kernel tilings) live in a member of
 # their own: a load parses only the small manifest, and they are parsed when asked for. The
@@ -69,7 +83,9 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     ],
     "properties": {
         "format": {"const": FORMAT},
-        "format_version": {"enum": [1, PROFILES_VERSION]},
+        "format_version": {"enum": [1, PROFILES_VERSION, REQUIRES_VERSION]},
+        # Format version 3 only, and required there: FEATURES a reader must honour.
+        "requires": {"type": "array", "items": {"type": "string"}},
         "graphopt_version": {"type": "string"},
         "created_by": {"type": "string"},
         "source": {
@@ -79,6 +95,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                 # Basename only: a full path would leak the build machine's layout into the artifact.
                 "path": {"type": ["string", "null"]},
                 "sha256": {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$"},
+                # Of the external data files the source reads (optional; ir/data_files.py).
+                "external_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
             },
         },
         "target": {"type": "string"},
@@ -488,7 +506,9 @@ def check_manifest(manifest: dict) -> None:
     order = _str_list(manifest, "execution_order", "manifest")
     names = [p["name"] for p in partitions]
     _check_edges(_field(manifest, "routing", list), "manifest routing")
-    if manifest["format_version"] < PROFILES_VERSION:
+    _check_requires(manifest)
+    if manifest["format_version"] < PROFILES_VERSION or (
+            manifest["format_version"] >= REQUIRES_VERSION and "profiles" not in manifest):
         if "profiles" in manifest:
             raise Malformed(f"manifest has profiles, which need format_version {PROFILES_VERSION}")
         orders = [order]
@@ -500,6 +520,30 @@ def check_manifest(manifest: dict) -> None:
     if sorted(listed) != sorted(names) or len(set(listed)) != len(listed):
         raise Malformed("manifest execution_order must list every partition exactly once"
                         + (" across the profiles" if len(orders) > 1 else ""))
+
+
+def required_features(manifest: dict) -> list[str]:
+    """The FEATURES a manifest (as written) uses, in FEATURES' order."""
+    parts = list(manifest.get("partitions", []))
+    entries = [e for key in ("inputs",) for e in manifest.get(key, [])] + [
+        e for profile in manifest.get("profiles", []) for e in profile.get("inputs", [])]
+    used = {"disabled_optimizers": any(p.get("disabled_optimizers") for p in parts),
+            "index_bounds": any(INDEX_ROWS in e or INDEX_DIMS in e for e in entries)}
+    return [name for name in FEATURES if used[name]]
+
+
+def _check_requires(manifest: dict) -> None:
+    """A version-3 manifest names the features it uses, each one this reader knows."""
+    if manifest["format_version"] < REQUIRES_VERSION:
+        if "requires" in manifest:
+            raise Malformed(f"manifest lists requires, which need format_version "
+                            f"{REQUIRES_VERSION}")
+        return
+    needed = _str_list(manifest, "requires", "manifest")
+    unknown = [name for name in needed if name not in FEATURES]
+    if unknown:
+        raise Malformed(f"the artifact requires {', '.join(map(repr, unknown))}, which this "
+                        "graphopt does not know; upgrade graphopt or recompile the model")
 
 
 def check_details(details: Any) -> None:

@@ -28,9 +28,11 @@ from graphopt.codegen.om_manifest import (
     PARTITION_DIR,
     PARTITION_NAME,
     PROFILES_VERSION,
+    REQUIRES_VERSION,
     check_member_name,
     dtype_name,
     file_sha256,
+    required_features,
     route,
     sha256,
 )
@@ -351,6 +353,7 @@ def write_om(
     *,
     source_path: str | os.PathLike | None = None,
     source_bytes_sha256: str | None = None,
+    source_external_sha256: str | None = None,
     hash_source: bool = True,
     target: str = "cpu",
     pass_log: list | None = None,
@@ -453,12 +456,14 @@ def write_om(
             source_bytes_sha256 = file_sha256(source_path)
     manifest = {
         "format": FORMAT,
-        "format_version": PROFILES_VERSION if profiles else 1,
+        "format_version": PROFILES_VERSION if profiles else 1,  # REQUIRES_VERSION below
         "graphopt_version": GRAPHOPT_VERSION,
         "created_by": "graphopt",
         "source": {
             "path": os.path.basename(source_path) if source_path is not None else None,
             "sha256": source_bytes_sha256,
+            # Its external data files, which the file's own hash leaves out (only when any).
+            **({"external_sha256": source_external_sha256} if source_external_sha256 else {}),
         },
         "target": target,
         "inputs": [signature[t] for t in top_inputs],
@@ -478,6 +483,9 @@ def write_om(
         "members": {name: _member_entry(name, data) for name, data in members.items()},
         "extra": {},
     }
+    requires = required_features(manifest)
+    if requires:  # older readers, which would ignore them, refuse version 3
+        manifest.update(format_version=REQUIRES_VERSION, requires=requires)
     manifest_bytes = _compact_json(manifest)
 
     try:

@@ -1,7 +1,9 @@
-"""The external data files an ONNX file names, to tell which an in-place compile left unused."""
+"""The external data files an ONNX file names: to tell which an in-place compile left unused,
+and to hash them with the model an artifact records as its source."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 
@@ -31,3 +33,25 @@ def _locations(proto: ModelProto) -> Iterator[str]:
             for entry in tensor.external_data:
                 if entry.key == "location":
                     yield entry.value
+
+
+def external_data_sha256(path: str | os.PathLike) -> str | None:
+    """The sha256 of the external data the ONNX model at `path` reads: each file's name
+    (relative to the model's folder) and bytes, in name order. None when it reads none, or
+    one cannot be read. The model file's own hash leaves them out: two models that differ in
+    their weights alone had recorded the same source."""
+    files = data_files(path)
+    if not files:
+        return None
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    named = sorted((os.path.relpath(real, folder), real) for real in files)
+    digest = hashlib.sha256()
+    try:
+        for name, real in named:
+            digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
+            with open(real, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()

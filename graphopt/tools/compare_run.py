@@ -342,13 +342,22 @@ def source_note(reference: Side, candidate: Side) -> str | None:
     the reference file (by sha256): its outputs may differ for that reason alone."""
     if candidate.session is None or not os.path.isfile(reference.label):
         return None
+    from graphopt.ir.data_files import external_data_sha256
+
     source = candidate.session.artifact.manifest.get("source")
     expected = source.get("sha256") if isinstance(source, dict) else None
-    if not isinstance(expected, str) or file_sha256(reference.label) == expected:
+    if not isinstance(expected, str):
         return None
-    return (f"{reference.label} is not the model {candidate.label} was compiled from (its "
-            f"manifest records {source.get('path', '?')} with sha256 {expected[:12]}…): the "
-            "outputs may differ for that reason alone")
+    if file_sha256(reference.label) != expected:
+        return (f"{reference.label} is not the model {candidate.label} was compiled from (its "
+                f"manifest records {source.get('path', '?')} with sha256 {expected[:12]}…): "
+                "the outputs may differ for that reason alone")
+    external = source.get("external_sha256")
+    if isinstance(external, str) and external_data_sha256(reference.label) != external:
+        return (f"{reference.label} reads other external data than the model "
+                f"{candidate.label} was compiled from (its weights files differ from those "
+                "its manifest records): the outputs may differ for that reason alone")
+    return None
 
 
 def _deployed(side: Side) -> Side:

@@ -162,8 +162,12 @@ def locate_source(manifest: dict, om_path: str, candidates: list[str | None]) ->
     paths = [c for c in candidates if c]
     if base:
         paths += [os.path.join(os.path.dirname(os.path.abspath(om_path)), base), base]
+    from graphopt.ir.data_files import external_data_sha256
+
+    external = manifest["source"].get("external_sha256")
     for path in dict.fromkeys(paths):
-        if os.path.isfile(path) and file_sha256(path) == sha:
+        if os.path.isfile(path) and file_sha256(path) == sha and (
+                not isinstance(external, str) or external_data_sha256(path) == external):
             return path
     return None
 
