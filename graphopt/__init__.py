@@ -1,6 +1,6 @@
 """graphopt: an ahead-of-time graph compiler for ONNX models."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from typing import TYPE_CHECKING
 
