@@ -377,12 +377,17 @@ def file_sha256(path: str) -> str | None:
     """The sha256 of a file's bytes, read in chunks; None when it cannot be read."""
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+        hash_file_into(digest, path)
     except OSError:
         return None
     return digest.hexdigest()
+
+
+def hash_file_into(digest, path: str) -> None:
+    """Feed a file's bytes to `digest`, a MiB at a time; OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
 
 
 # --- structure checks ----------------------------------------------------------------------

@@ -44,14 +44,14 @@ def external_data_sha256(path: str | os.PathLike) -> str | None:
     if not files:
         return None
     folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    from graphopt.codegen.om_manifest import hash_file_into
+
     named = sorted((os.path.relpath(real, folder), real) for real in files)
     digest = hashlib.sha256()
     try:
         for name, real in named:
             digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
-            with open(real, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
+            hash_file_into(digest, real)
     except OSError:
         return None
     return digest.hexdigest()
