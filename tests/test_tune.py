@@ -681,8 +681,7 @@ def test_a_better_trial_landing_between_the_reads_is_no_other_study(tmp_path, ca
 
     def then_the_other_run(*args, **kw):
         applied = real_tilings(*args, **kw)
-        shape = SHAPE
-        real_tune(shape, "ascend310", trials=60, seed=7, target="ascend310",
+        real_tune(SHAPE, "ascend310", trials=60, seed=7, target="ascend310",
                   storage=f"sqlite:///{db}")
         return applied
 

@@ -530,7 +530,7 @@ def check_manifest(manifest: dict) -> None:
 def required_features(manifest: dict) -> list[str]:
     """The FEATURES a manifest (as written) uses, in FEATURES' order."""
     parts = list(manifest.get("partitions", []))
-    entries = [e for key in ("inputs",) for e in manifest.get(key, [])] + [
+    entries = list(manifest.get("inputs", [])) + [
         e for profile in manifest.get("profiles", []) for e in profile.get("inputs", [])]
     used = {"disabled_optimizers": any(p.get("disabled_optimizers") for p in parts),
             "index_bounds": any(INDEX_ROWS in e or INDEX_DIMS in e for e in entries)}

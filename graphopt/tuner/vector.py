@@ -117,8 +117,9 @@ def _recurrent_estimate(node: Node, work: RecurrentWork, device: Device,
     padded to the cube's 16 (a batch of 1 fills a sixteenth of it), then the gates on the
     vector unit; one kernel."""
     rows = -(-work.batch // 16) * 16
-    peak = (device.peak_ops_per_s or {}).get("float16") or 1e12
-    cube = 2 * work.steps * rows * work.k * work.n / peak
+    peaks = device.peak_ops_per_s or {}
+    peak = peaks.get("float16") or max(peaks.values(), default=0.0)
+    cube = 2 * work.steps * rows * work.k * work.n / peak if peak else 0.0
     gates = work.gate_elements * GATE_COST / vector_rate(device, elem_bytes)
     return _result(cube + gates, bytes_moved(node), device, recurrent_steps=work.steps)
 
