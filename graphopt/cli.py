@@ -30,7 +30,7 @@ from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.cli_zoo import add_zoo_parser
 from graphopt.errors import GraphoptError, UsageError, interrupt_behind
 from graphopt.help_format import CommandsHelpFormatter
-from graphopt.option_names import command_line
+from graphopt.option_names import command_line, spellings_in_use
 from graphopt.terminal_text import (ClosedStreamError, OutputFailed, ReaderGone, escaped_output,
                                     paths_shown_as, silence_stdout)
 
@@ -62,7 +62,20 @@ class _Parser(argparse.ArgumentParser):
             hints = atc_hints(self, self.given)
             message += f" ({'; '.join(hints)})" if hints else ""
         message += _precision_hint(message)
+        if spellings_in_use():  # graphopt atc's translation: the user wrote atc's flags
+            self.exit(2, f"graphopt: error: atc: {_as_atc_wrote(message)} "
+                         "(see graphopt atc --help)\n")
         self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
+
+
+def _as_atc_wrote(message: str) -> str:
+    """argparse's message about a translated flag, naming the flag as the atc line spelled it
+    (a check that already names it drops argparse's own "argument --input-shape: ")."""
+    found = re.match(r"argument (--[\w-]+)(?:/-\w+)?: ", message)
+    if not found or found.group(1) not in spellings_in_use():
+        return message
+    flag, rest = spellings_in_use()[found.group(1)], message[found.end():]
+    return rest if rest.startswith(flag) else f"argument {flag}: {rest}"
 
 
 def _command_hint(message: str, given: list[str]) -> str:

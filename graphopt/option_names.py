@@ -137,6 +137,11 @@ def flags_spelled(renamed: Mapping[str, str]) -> Iterator[None]:
         _spellings.reset(token)
 
 
+def spellings_in_use() -> Mapping[str, str]:
+    """graphopt's flag -> the spelling of the command line being run (empty outside graphopt atc)."""
+    return _spellings.get()
+
+
 def spelled(flag: str) -> str:
     """A flag as the command line being run spells it (`--keep_dtype` under graphopt atc)."""
     return _spellings.get().get(flag, flag)

@@ -221,6 +221,11 @@ def test_errors_name_the_flags_as_the_atc_line_wrote_them(tmp_path, capsys):
     rc, out, err = run_cli(capsys, *line, "--log=error")
     assert rc == 1 and out == "" and f"graphopt atc: ran graphopt optimize {model}" in err, err
     assert not (tmp_path / "net.om").exists()
+    # A value optimize's own parser refuses: atc's flag, and atc's help.
+    line[-1] = "--input_shape=x:a,3"
+    rc, out, err = run_cli(capsys, *line)
+    assert rc == 2 and "error: atc: --input_shape: 'x:a,3': dims must be integers" in err, err
+    assert err.rstrip().endswith("(see graphopt atc --help)") and "optimize" not in err, err
 
 
 def test_atcs_input_shape_of_an_aipp_inputs_size_is_checked_against_the_aipp_file(tmp_path,
