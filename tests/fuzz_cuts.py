@@ -57,21 +57,27 @@ def rejoin(b: Builder, x: str, other: str, shape):
 # --- host ops on a continuous path -------------------------------------------------------------
 
 
+def host_squash(b: Builder, x: str) -> str:
+    """Tanh computed in float64, which no NPU kernel takes: a bounded, smooth host op. The
+    squashing ops used before (Atan, Asinh, Sinh) have CANN kernels (atlasoxol_09_0020, _0019,
+    _0148), and onnxruntime has no float64 kernel for them."""
+    y = b.op("Tanh", [b.op("Cast", [x], to=11)])
+    return b.op("Cast", [y], to=int(b.elem))
+
+
 def host_unary(b: Builder, x: str, shape):
     """An op the NPU profiles have no kernel for, continuous in its input."""
-    kind = b.pick(["Atan", "Asinh", "Sinh", "Softsign+Atan", "LpNormalization", "Trilu", "Einsum",
+    kind = b.pick(["Tanh64", "Softsign+Tanh64", "LpNormalization", "Trilu", "Einsum",
                    "TopK", "ReduceLogSumExp", "Mish"], "host op")
-    if kind == "Sinh":
-        return b.op("Sinh", [b.op("Tanh", [x])]), shape  # bounded, so no overflow in float16
-    if kind == "Softsign+Atan":
-        return b.op("Atan", [b.op("Softsign", [x])]), shape
+    if kind == "Softsign+Tanh64":
+        return host_squash(b, b.op("Softsign", [x])), shape
     if kind == "LpNormalization":
         return b.op("LpNormalization", [x], axis=b.pick([1, -1], "lp axis"),
                     p=b.pick([1, 2], "lp p")), shape
     if kind == "Trilu" and b.opset >= 14:
         return b.op("Trilu", [x, b.const(np.array(b.pick([-1, 0, 1], "k"), np.int64), "k",
                                          share=False)], upper=int(b.flag("upper"))), shape
-    if kind == "Einsum":
+    if kind == "Einsum":  # an equation CANN's list (atlasoxol_09_0052) does not name
         scale = b.const(b.weights(shape[1], scale=0.5) + 1, "g")
         return b.op("Einsum", [x, scale], equation="bchw,c->bchw"), shape
     if kind == "TopK":  # sorted values along the width: continuous, unlike the indices
@@ -81,8 +87,8 @@ def host_unary(b: Builder, x: str, shape):
         y = b.op("ReduceLogSumExp", [x], axes=[1], keepdims=1) if b.opset < 18 else \
             b.op("ReduceLogSumExp", [x, b.ints([1])], keepdims=1)
         return b.op("Sub", [x, y]), shape
-    if (kind == "Mish" and b.opset < 18) or (kind == "Trilu" and b.opset < 14):
-        kind = "Atan"
+    if kind == "Tanh64" or (kind == "Mish" and b.opset < 18) or (kind == "Trilu" and b.opset < 14):
+        return host_squash(b, x), shape
     return b.op(kind, [x]), shape
 
 
@@ -180,7 +186,7 @@ def nms_count(b: Builder, src: str, shape) -> str:
     n, _, h, w = shape
     # onnxruntime's NonMaxSuppression is float32 only; constant boxes need a static batch.
     if b.dtype != np.float32 or isinstance(n, str):
-        return b.op("Atan", [src])
+        return host_squash(b, src)
     first = b.op("Slice", [src, b.ints([0]), b.ints([1]), b.ints([1])])
     scores = b.op("Reshape", [first, b.ints([0, 1, h * w])])
     corner = b.rng.random((1, h * w, 2)) * 4
@@ -226,7 +232,7 @@ def shared_constant(b: Builder, x: str, shape):
                                     value=numpy_helper.from_array(
                                         (b.weights(shape[1], 1, 1, scale=0.3) + 1)
                                         .astype(b.dtype))))
-    host = b.op("Atan", [b.op("Mul", [x, value])])
+    host = host_squash(b, b.op("Mul", [x, value]))
     return rejoin(b, b.op("Add", [heavy_conv(b, x, shape)[0], value]), host, shape)
 
 
@@ -291,14 +297,14 @@ def partition_net(b: Builder, batch):
 
 
 def host_seq(b: Builder, x: str, shape):
-    kind = b.pick(["TopK", "Atan", "double", "Hardmax"], "seq host op")
+    kind = b.pick(["TopK", "Tanh64", "double", "Hardmax"], "seq host op")
     if kind == "TopK":  # the sorted features: continuous in the input
         return b.op("TopK", [x, b.ints([shape[-1]])], outputs=2, axis=-1)[0], shape
     if kind == "double":
         return host_double(b, x, shape)
     if kind == "Hardmax" and x == source(b):
         return b.op("Hardmax", [x], axis=-1), shape
-    return b.op("Atan", [x]), shape
+    return host_squash(b, x), shape
 
 
 def wide_matmul(b: Builder, x: str, shape):

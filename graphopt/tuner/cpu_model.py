@@ -41,6 +41,7 @@ import numpy as np
 
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.estimate import PARTIAL_READ, bytes_moved, value_bytes
+from graphopt.tuner.einsum import einsum_macs
 from graphopt.tuner.recurrent import GATE_COST, GATES, recurrent_work
 
 OP_CLASSES = ("gemm", "conv", "gemm_int8", "conv_int8", "elementwise", "reduction", "movement",
@@ -49,7 +50,7 @@ INT8_CLASSES = {"gemm_int8": "gemm", "conv_int8": "conv"}  # int8 class → its 
 
 # MatMulNBits dequantizes its 4-bit weights and multiplies in float: a float gemm.
 _GEMM = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulNBits", "Attention",
-         "MultiHeadAttention", "GroupQueryAttention"}
+         "MultiHeadAttention", "GroupQueryAttention", "Einsum"}
 _CONV = {"Conv", "FusedConv", "ConvTranspose"}
 _GEMM_INT8 = {"MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
               "QGemm"}
@@ -160,6 +161,8 @@ def node_work(node: Node) -> tuple[float, float]:
     recurrent = recurrent_work(node)
     if recurrent is not None:  # a GEMM per time step, priced as gemm (recurrent.py)
         flops = 2 * recurrent.macs + GATE_COST * recurrent.gate_elements
+    elif node.op_type == "Einsum":  # its contraction (einsum.py); unknown shapes count 0
+        flops = 2 * (einsum_macs(node) or 0)
     elif cls in ("gemm", "gemm_int8"):
         flops = _gemm_flops(node, out_elems)
     elif cls in ("conv", "conv_int8"):

@@ -37,6 +37,7 @@ import onnx
 
 from graphopt.partition.estimate import bytes_moved, value_bytes
 from graphopt.partition.quant_fit import qdq_problem, reads
+from graphopt.tuner.einsum import einsum_macs
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.recurrent import GATE_COST, RecurrentWork, recurrent_work
 from graphopt.tuner.tiling import (ANCHORS_OF_GROUPS, CUBE_OPS, dequantized_8bit,
@@ -54,6 +55,12 @@ OP_COST = {  # vector instructions per output element (estimates)
     "HardSigmoid": 2, "HardSwish": 3, "Softplus": 8, "Selu": 5, "Elu": 5, "Sin": 6, "Cos": 6,
     "Softmax": 8, "LogSoftmax": 10, "LayerNormalization": 8, "SkipLayerNormalization": 9,
     "RMSNormalization": 6, "SimplifiedLayerNormalization": 6, "BatchNormalization": 2,
+    # Series or exp/log/sqrt compositions, as Tanh and Sin are (estimates).
+    "Tan": 8, "Asin": 8, "Acos": 8, "Atan": 8, "Asinh": 8, "Acosh": 8, "Atanh": 8,
+    "Sinh": 6, "Cosh": 6,
+    # Four taps and their weights per output element (bilinear); RoiAlign's bins average
+    # about four such samples each (sampling_ratio 0 takes ceil(roi size / output size)).
+    "GridSample": 8, "RoiAlign": 32,
 }
 # Views of their input, and Constant, which onnxruntime turns into an initializer at load.
 NO_KERNEL = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Constant"})
@@ -106,6 +113,10 @@ def vector_estimate(node: Node, device: Device, functions: dict | None = None) -
     recurrent = recurrent_work(node)
     if recurrent is not None:
         return _recurrent_estimate(node, recurrent, device, _elem_bytes(outs + ins))
+    macs = einsum_macs(node)
+    if macs is not None:
+        return _result(2 * macs / _cube_peak(device), bytes_moved(node), device,
+                       note="BatchMatMul on the cube at its peak (einsum.py), untiled")
     work = max((elements(v) for v in outs), default=0) * OP_COST.get(node.op_type, 1)
     compute = work / vector_rate(device, _elem_bytes(outs + ins))
     return _result(compute, bytes_moved(node), device)
@@ -117,11 +128,15 @@ def _recurrent_estimate(node: Node, work: RecurrentWork, device: Device,
     padded to the cube's 16 (a batch of 1 fills a sixteenth of it), then the gates on the
     vector unit; one kernel."""
     rows = -(-work.batch // 16) * 16
-    peaks = device.peak_ops_per_s or {}
-    peak = peaks.get("float16") or max(peaks.values(), default=0.0)
-    cube = 2 * work.steps * rows * work.k * work.n / peak if peak else 0.0
+    cube = 2 * work.steps * rows * work.k * work.n / _cube_peak(device)
     gates = work.gate_elements * GATE_COST / vector_rate(device, elem_bytes)
     return _result(cube + gates, bytes_moved(node), device, recurrent_steps=work.steps)
+
+
+def _cube_peak(device: Device) -> float:
+    """The cube's float16 rate, else the device's largest (the schema requires one)."""
+    peaks = device.peak_ops_per_s or {}
+    return peaks.get("float16") or max(peaks.values(), default=0.0) or float("inf")
 
 
 def _fused_quantize(node: Node) -> bool:
