@@ -1,6 +1,7 @@
 """Ops CANN's ONNX parser documents (atlasoxol_09_*) that the NPU profiles had left to the host:
 each compiles onto the NPU (or its AI CPU), runs as onnxruntime runs the original, gets a cost,
-and falls back naming the attribute where the page limits one."""
+and falls back naming the attribute where the page limits one. The Ascend 310 follows the list
+for its own products (CANN 5.0.4), which lacks Tan, Einsum and GridSample."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from graphopt.tuner.model import model_estimate
 
 RNG = np.random.default_rng(11)
 NPU_TARGETS = ["ascend310", "ascend310b", "ascend910b"]
+NOT_ON_310 = ("Einsum", "GridSample", "Tan")  # the current list's, past the 310's
 
 
 def _floats(*shape: int, low: float = -1.0, high: float = 1.0) -> np.ndarray:
@@ -88,21 +90,28 @@ def _assert_runs_as_original(proto, path, feeds):
 @pytest.mark.parametrize("op", sorted(TAILS))
 def test_a_documented_op_compiles_onto_the_npu_and_runs_as_the_original(op, tmp_path):
     proto = _model(op)
-    result, path = _compile(proto, tmp_path, target="ascend310")
+    target = "ascend910b" if op in NOT_ON_310 else "ascend310"
+    result, path = _compile(proto, tmp_path, target=target)
     assert _home(result, op) == ("npu", "vector"), result.partitioning.fallbacks()
     _assert_runs_as_original(proto, path, {"x": _floats(1, 8, 32, 32)})
 
 
-@pytest.mark.parametrize("target", ["ascend310b", "ascend910b"])
+@pytest.mark.parametrize("target", ["ascend310", "ascend310b", "ascend910b"])
 @pytest.mark.parametrize("op", ["Einsum", "GridSample", "RoiAlign", "Tan"])
-def test_the_other_npus_take_them_too(op, target, tmp_path):
+def test_the_other_npus_take_them_too_and_the_310_what_its_list_has(op, target, tmp_path):
     result, _ = _compile(_model(op), tmp_path, target=target)
-    assert _home(result, op) == ("npu", "vector"), result.partitioning.fallbacks()
+    if target == "ascend310" and op in NOT_ON_310:
+        assert _home(result, op)[0] == "cpu"
+        (reason,) = {r for n, r in result.partitioning.fallbacks() if n.op_type == op}
+        assert reason == f"no npu kernel for {op}", reason
+    else:
+        assert _home(result, op) == ("npu", "vector"), result.partitioning.fallbacks()
 
 
 @pytest.mark.parametrize("op", ["Einsum", "GridSample", "RoiAlign", "OneHot"])
 def test_the_cost_model_prices_them(op, tmp_path):
-    result, _ = _compile(_model(op), tmp_path, target="ascend310")
+    target = "ascend910b" if op in NOT_ON_310 else "ascend310"
+    result, _ = _compile(_model(op), tmp_path, target=target)
     (row,) = [r for r in model_estimate(result.model, result.partitioning).rows
               if r.op == op]
     assert row.device == "npu" and 0 < row.seconds < 1 and math.isfinite(row.seconds)
@@ -154,7 +163,7 @@ def test_range_and_constant_of_shape_have_kernels_where_shapes_are_static(target
 def test_a_form_the_page_does_not_list_stays_on_the_host_naming_the_attribute(
         op, tail, output, weights, reason, tmp_path):
     proto = conv_classifier(tail, output, **weights)
-    result, path = _compile(proto, tmp_path, target="ascend310")
+    result, path = _compile(proto, tmp_path, target="ascend910b")
     assert _home(result, op)[0] == "cpu"
     (found,) = {r for n, r in result.partitioning.fallbacks() if n.op_type == op}
     assert found.startswith(reason), found
