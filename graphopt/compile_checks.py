@@ -107,6 +107,24 @@ def check_compiled_loads(model: Model, label: str, shapes: dict[str, list[int]])
                          f"({_unpinned_advice()})")
 
 
+def foreign_block_note(model: Model) -> str | None:
+    """The note for a compile whose convs are blocked for another CPU's NCHWc block (a target
+    profile's nchwc_block_size), None otherwise. onnxruntime here cannot check it: it runs such
+    a model wrong without an error (the weights of 16 channels blocked by 8 have the shape it
+    expects) or refuses it (it sizes the blocked outputs by its own block, which padded channel
+    counts contradict where two meet: an -O3 Min of 36 channels, which the load check had
+    called a graphopt bug)."""
+    from graphopt.nchwc_block import foreign_block
+
+    blocks = foreign_block(dict(model.metadata_props))
+    if blocks is None:
+        return None
+    return (f"the compile's convs are in NCHWc blocks of {blocks[0]} channels (the target's "
+            f"nchwc_block_size) and onnxruntime here blocks by {blocks[1] or 'nothing'}: it "
+            f"runs only on a CPU that blocks by {blocks[0]}, and was not loaded here (an .om "
+            "refuses to load on another CPU; an .onnx runs wrong on one, without an error)")
+
+
 def check_runs_at_its_shapes(model: Model, label: str) -> None:
     """InputError when a Reshape of the compiled model's main graph cannot take the static
     shape its input has: onnxruntime loads such a model and fails at every run (a Reshape of

@@ -15,7 +15,7 @@ from onnx import ModelProto
 from graphopt import api_args, numerics
 from graphopt.compile_checks import (PIN_OPTIONS, check_compiled_loads, check_input, check_loads,
                                      check_pinned_shapes, check_runs_at_its_shapes,
-                                     overridable_note, weightless_bytes)
+                                     foreign_block_note, overridable_note, weightless_bytes)
 from graphopt.compile_memory import plan_partition_memory
 from graphopt.compile_result import OptimizeResult, file_identity, memory_model_sha256, op_counts
 from graphopt.compile_tuning import record_tuning, tuned_decisions
@@ -497,7 +497,10 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
                  "ORT_ENABLE_ALL")
     if not options.input_shapes:  # pinned, check_pinned_shapes and check_compiled_loads do
         check_runs_at_its_shapes(source.model, source.label)
-    if source.loaded_unpinned:
+    foreign = foreign_block_note(source.model)
+    if foreign:  # onnxruntime here would refuse it, or run it wrong: nothing to check here
+        ctx.notes.append(foreign)
+    elif source.loaded_unpinned:
         check_compiled_loads(source.model, source.label, options.input_shapes)
     elif source.given is not None and not options.input_shapes:
         note = check_loads(source.model, source.label, source.given)

@@ -1023,6 +1023,40 @@ def test_verify_and_bisect_refuse_a_compile_blocked_for_another_cpu(tmp_path, ca
     assert rc == 2 and f"bisect: {message}" in err and "culprit" not in out, err
 
 
+def test_a_compile_blocked_for_another_cpu_says_so_and_is_not_load_checked_here():
+    # onnxruntime here sizes the blocked ops by its own block: two padded 36-channel tensors
+    # meeting in an -O3 Min were refused (blocked by 8 on an AVX-512 CPU), and the load check
+    # called that a graphopt bug.
+    # Where it loads, it runs wrong without an error; an .onnx has no runtime to refuse it.
+    here = onnxruntime_block_size()
+    if here not in (8, 16):
+        pytest.skip("this CPU runs no NCHWc block")
+    proto = parse_model("""
+        g (float[1,16,7,7] x) => (float[1,36,4,7] y) {
+            a = Conv <kernel_shape = [3, 1], pads = [2, 0, 1, 0], strides = [2, 1]> (x, k3, b3)
+            b = Conv (a, k33)
+            c = Concat <axis = 1> (b, a)
+            d = Conv (c, k36, b36)
+            t = Tanh (d)
+            m = Min (c, t)
+            r = Relu (m)
+            s = Add (r, c)
+            e = Conv (s, k36, b36)
+            f = Add (s, e)
+            y = Relu (f)
+        }""", k3=w(3, 16, 3, 1), b3=w(3), k33=w(33, 3, 1, 1), k36=w(36, 36, 1, 1), b36=w(36))
+    for level in (2, 3):
+        result = optimize(proto, level=level, target="cpu",
+                          pass_options={"nchwc_block_size": 24 - here})
+        assert result.model.metadata_props["graphopt.nchwc_block_size"] == str(24 - here)
+        assert [n for n in result.notes if n.startswith("the compile's convs are in NCHWc")] == \
+            [f"the compile's convs are in NCHWc blocks of {24 - here} channels (the target's "
+             f"nchwc_block_size) and onnxruntime here blocks by {here}: it runs only on a CPU "
+             f"that blocks by {24 - here}, and was not loaded here (an .om refuses to load on "
+             "another CPU; an .onnx runs wrong on one, without an error)"], result.notes
+    assert not [n for n in optimize(proto, level=3, target="cpu").notes if "NCHWc" in n]
+
+
 @needs_nchwc
 def test_a_block_quantized_quantize_linear_keeps_its_layout(tmp_path):
     # A one-element scale of rank 4 with block_size (opset 21) passed the per-tensor test, and
