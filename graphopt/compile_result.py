@@ -104,7 +104,32 @@ def memory_model_sha256(model: ModelProto | bytes) -> str:
                 continue
             digest.update(descriptor.number.to_bytes(4, "little"))
             for element in (value if is_repeated_field(descriptor) else [value]):
-                data = (element.SerializeToString()
-                        if descriptor.type == descriptor.TYPE_MESSAGE else repr(element).encode())
-                digest.update(len(data).to_bytes(8, "little") + data)
+                if descriptor.type == descriptor.TYPE_MESSAGE:
+                    _hash_message(digest, element)
+                else:
+                    data = repr(element).encode()
+                    digest.update(len(data).to_bytes(8, "little") + data)
     return digest.hexdigest()
+
+
+def _hash_message(digest, message) -> None:
+    """One element's bytes; a single message past 2 GiB (one initializer that large) is hashed
+    field by field, its bytes fields as they are."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        data = message.SerializeToString()
+    except EncodeError:  # past 2 GiB
+        pass
+    else:
+        digest.update(len(data).to_bytes(8, "little") + data)
+        return
+    for descriptor, value in message.ListFields():
+        digest.update(descriptor.number.to_bytes(4, "little"))
+        for element in (value if is_repeated_field(descriptor) else [value]):
+            if descriptor.type == descriptor.TYPE_MESSAGE:
+                _hash_message(digest, element)
+            else:
+                data = element if isinstance(element, bytes) else repr(element).encode()
+                digest.update(len(data).to_bytes(8, "little"))
+                digest.update(data)

@@ -214,6 +214,34 @@ def test_external_data_that_is_a_folder_or_starts_past_the_end_is_named(tmp_path
         optimize(_one_weight_model(str(tmp_path), "w.bin", {"offset": "1000"}))
 
 
+def test_an_initializer_past_protobufs_limit_is_hashed_field_by_field(tmp_path, monkeypatch):
+    # onnx.load of a model whose one weight holds over 2 GiB: that initializer serializes no
+    # more than the model does, and the source hash had failed with protobuf's EncodeError.
+    from graphopt import compile_result
+
+    from google.protobuf.message import EncodeError
+
+    proto = onnx.load(_external_model(str(tmp_path))[0])
+    big = proto.graph.initializer[0]
+    model_serialize = type(proto).SerializeToString
+    tensor_serialize = type(big).SerializeToString
+
+    def refused(self, **kwargs):  # what protobuf does past 2 GiB, for these two only
+        if self is proto or self is big:
+            raise EncodeError("Failed to serialize proto")
+        return (model_serialize if self.DESCRIPTOR.name == "ModelProto" else
+                tensor_serialize)(self, **kwargs)
+
+    monkeypatch.setattr(type(proto), "SerializeToString", refused)
+    monkeypatch.setattr(type(big), "SerializeToString", refused)
+    first = compile_result.memory_model_sha256(proto)
+    assert first == compile_result.memory_model_sha256(proto)
+    data = bytearray(big.raw_data)
+    data[-1] ^= 1  # one bit of the big weight: another source
+    big.raw_data = bytes(data)
+    assert compile_result.memory_model_sha256(proto) != first
+
+
 def test_a_model_past_protobufs_limit_is_hashed_and_run_from_a_file(tmp_path, monkeypatch):
     # onnx.load of a model with over 2 GiB of external data gives a ModelProto that no one
     # message serializes to: the source hash and --verify's sessions do without.
