@@ -7,7 +7,7 @@ from contextvars import ContextVar
 
 from graphopt import numerics
 from graphopt.deprecated_ops import EARLY_LAYER_NORM_HINT, replace_deprecated_ops
-from graphopt.errors import InputError
+from graphopt.errors import InputError, ModelAtFault
 from graphopt.ir import Model, to_onnx
 from graphopt.ir.collector import heap_frozen
 from graphopt.opcheck import check_kernel_dtypes, check_ops
@@ -169,7 +169,7 @@ def check_loads(model: Model, label: str, given: bytes) -> str | None:
         if basic is not None and _innermost(basic) == _innermost(refusal):
             # Its own optimizer, which infers shapes into the branches, refuses the original
             # too: the model is what breaks once shapes are known, not graphopt's rewrite.
-            raise InputError(f"{label}: onnxruntime loads the original only with its graph "
+            raise ModelAtFault(f"{label}: onnxruntime loads the original only with its graph "
                              f"optimizations off (ORT_DISABLE_ALL; at ORT_ENABLE_BASIC: "
                              f"{basic}); graphopt infers and folds shapes as that optimizer "
                              f"does, and the compiled model meets the same refusal: {refusal}. "

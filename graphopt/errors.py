@@ -25,6 +25,11 @@ class InputError(GraphoptError):
     """The input model or file is unusable."""
 
 
+class ModelAtFault(InputError):
+    """The compiled model fails a final check for a fault of the model as given, not of a
+    rewrite (bisect stops there, where it searches the rewrites for other such failures)."""
+
+
 class OptionError(GraphoptError):
     """A command-line or API option is invalid."""
 

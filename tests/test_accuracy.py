@@ -295,7 +295,7 @@ def test_verify_judges_a_lossy_compile_by_cosine_unless_told_otherwise(tmp_path,
                         w=RNG.standard_normal((64, 32)).astype(np.float32))
     result = graphopt.optimize(proto, precision="fp16", verify=True)
     assert max(result.max_abs_error.values()) > 1e-4
-    assert "judged by cosine >= 0.999 (the default after ConvertPrecision)" in result.verify_note
+    assert "judged by cosine >= 0.999, norm within ±4.5% (the default after ConvertPrecision)" in result.verify_note
     assert result.verify_note.endswith("rtol/atol judge by allclose")
     with pytest.raises(VerificationError, match=r"output 'y': \d+/128 element\(s\) beyond rtol"):
         graphopt.optimize(proto, precision="fp16", verify=True, rtol=1e-4)

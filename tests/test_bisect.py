@@ -13,6 +13,7 @@ import onnx
 import pytest
 from helpers import PerturbWeights, parse_model, run_cli
 
+import graphopt.compiler
 from graphopt import numerics, zoo
 from graphopt.compiler import optimize
 from graphopt.errors import OptionError
@@ -139,6 +140,24 @@ class ShiftTheAdd(Pass):
             if node.op_type == "Add" and ctx.allows("Shift", node):
                 node.inputs[1].const = Tensor(node.inputs[1].constant() + 1)
                 result.count("Shift")
+        return result
+
+
+class UnloadableSoftmax(Pass):
+    """Test-only miscompile, gated: one Softmax gets an axis past its input's rank, which
+    onnxruntime refuses at load, so optimize's final check refuses the compile."""
+
+    name = "TestBisectUnloadableSoftmax"
+    description = "a Softmax's axis to 7 (a deliberate miscompile)"
+    target = "s2"
+
+    def run(self, model, ctx) -> PassResult:
+        result = PassResult()
+        for node in model.graph:
+            if node.op_type == "Softmax" and ctx.allows("Axis", node):
+                if node.outputs[0].name == self.target:
+                    node.set_attr("axis", 7)
+                result.count("Axis")
         return result
 
 
@@ -421,7 +440,7 @@ def test_a_lossy_compile_is_judged_by_cosine_unless_a_rule_is_given(tmp_path, ca
     onnx.save(zoo.build("tiny"), path)
     # fp16 rounds every output past allclose(1e-4, 1e-5) by design; cosine 0.999 holds.
     result = bisect(path, precision="fp16")
-    assert not result.found and result.judged_by == "cosine >= 0.999"
+    assert not result.found and result.judged_by == "cosine >= 0.999, norm within ±4.5%"
     assert "ConvertPrecision, lossy by design" in result.rule_note
     # A bound of 0 is a cosine rule too, not "no rule".
     loose = bisect(path, precision="fp16", min_cosine=0.0)
@@ -429,7 +448,7 @@ def test_a_lossy_compile_is_judged_by_cosine_unless_a_rule_is_given(tmp_path, ca
     rc, out, err = run_cli(capsys, "bisect", path, "--precision", "fp16")
     assert rc == 0, err
     assert "at O2+ConvertPrecision, on seeded random inputs: the full compile is within " \
-           "cosine >= 0.999, nothing to bisect" in out
+           "cosine >= 0.999, norm within ±4.5%, nothing to bisect" in out
     assert "note: compiled with ConvertPrecision" in out and "--min-cosine C or --rtol" in out
     # A rule given is the rule: ConvertPrecision asks no gate, so it is named by its pass run.
     rc, out, err = run_cli(capsys, "bisect", path, "--precision", "fp16", "--rtol", "1e-5",
@@ -450,7 +469,7 @@ def test_int8_rewrites_are_bisected_to_the_layer(tmp_path):
     feeds = random_feeds(zoo.build("tiny"), seed=1)
     np.savez(calibration, **feeds)
     result = bisect(path, quantize="int8", calibration=calibration, feeds=feeds)
-    assert not result.found and result.judged_by == "cosine >= 0.999"
+    assert not result.found and result.judged_by == "cosine >= 0.999, norm within ±4.5%"
     # Under a rule no int8 layer keeps, the first layer QuantizeInt8 asks the gate for is it.
     strict = bisect(path, quantize="int8", calibration=calibration, feeds=feeds,
                     min_cosine=0.9999999)
@@ -516,6 +535,41 @@ agraph (float[2,8] x) => (float[2,8] y) {
     result = bisect(model, level=2, **TOL)
     assert result.found and result.granularity == "pass", result.granularity
     assert result.pass_name == SilentBreakRelu.name and result.pass_run == 2
+
+
+def test_a_rewrite_whose_model_onnxruntime_refuses_to_load_is_found(monkeypatch):
+    # optimize's final load check refused the compile, and bisect ended with that error,
+    # the one that tells the user to find the pass, instead of finding it.
+    _with_pipeline(monkeypatch, ("InferShapes", UnloadableSoftmax.name), UnloadableSoftmax)
+    model = parse_model("""
+agraph (float[2,8] x) => (float[2,8] y) {
+    s1 = Softmax <axis = 1> (x)
+    s2 = Softmax <axis = 1> (s1)
+    s3 = Softmax <axis = 1> (s2)
+    y = Neg (s3)
+}
+""")
+    lines = []
+    result = bisect(model, level=2, progress=lines.append, **TOL)
+    assert result.found and result.granularity == "rewrite", result.granularity
+    assert (result.pass_name, result.rule) == (UnloadableSoftmax.name, "Axis")
+    assert "does not run" in lines[0], lines
+
+
+def test_a_model_onnxruntime_refuses_once_shapes_fold_is_not_blamed_on_a_rewrite(monkeypatch):
+    # The model is at fault (onnxruntime loads the original only with its optimizer off): the
+    # search would blame whichever pass ran first.
+    from graphopt import compile_checks
+    from graphopt.errors import ModelAtFault
+
+    def at_fault(model, label, given):
+        raise ModelAtFault(f"{label}: onnxruntime loads the original only with its graph "
+                           "optimizations off")
+
+    monkeypatch.setattr(compile_checks, "check_loads", at_fault)
+    monkeypatch.setattr(graphopt.compiler, "check_loads", at_fault)
+    with pytest.raises(ModelAtFault, match="only with its graph optimizations off"):
+        bisect(zoo.build("tiny"), level=2, **TOL)
 
 
 def test_nondeterministic_compile_is_named(monkeypatch):

@@ -287,7 +287,7 @@ def test_min_cosine_rule_replaces_allclose(files, capsys):
     report = compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=0.99)
     (row,) = report.rows
     assert report.passed and row.mismatches > 0  # beyond rtol/atol, but close in direction
-    assert report.rule == "cosine >= 0.99"
+    assert report.rule == "cosine >= 0.99, norm within ±14.2%"
     # The count of elements outside rtol/atol is shown but is not called a mismatch there.
     text = format_report(report)
     assert "beyond tol" in text.splitlines()[6] and "mismatch" not in text
@@ -307,7 +307,7 @@ def test_a_threshold_reads_as_given_and_a_failing_cosine_below_it(files):
     threshold = cosine + 1e-12  # a hair above: 6 decimals read the same for both
     assert f"{cosine:.6f}" == f"{threshold:.6f}"
     report = compare_models(files["ref.onnx"], files["bad.onnx"], min_cosine=threshold)
-    assert not report.passed and report.rule == f"cosine >= {threshold!r}"
+    assert not report.passed and report.rule.startswith(f"cosine >= {threshold!r}, norm within ±")
     row = format_report(report).splitlines()[8].split()
     assert row[-1] == "FAIL" and float(row[2]) < threshold, row
     assert compare_models(files["ref.onnx"], files["ref.onnx"], min_cosine=1.0).rule == \

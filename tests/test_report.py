@@ -502,13 +502,14 @@ def test_weight_dequantizations_are_drawn_as_weights(int8, capsys, tmp_path):
 
 def test_an_int8_om_is_judged_by_cosine_unless_a_rule_is_given(int8, capsys, tmp_path):
     text, _, stdout = report(capsys, tmp_path, int8["om"], "--reference", int8["onnx"])
-    assert "accuracy: PASS (1/1 outputs within cosine >= 0.999)" in stdout
+    assert "accuracy: PASS (1/1 outputs within cosine >= 0.999, norm within ±4.5%)" in stdout
     note = ("compiled with QuantizeInt8, lossy by design: outputs are judged by cosine >= "
-            "0.999 (the default after QuantizeInt8) instead of allclose(rtol=0.0001, "
+            "0.999, norm within ±4.5% (the default after QuantizeInt8) instead of "
+            "allclose(rtol=0.0001, "
             "atol=1e-05)")
     assert f"note: {note}" in stdout
     accuracy = Page(section(text, "accuracy")).plain
-    assert note in accuracy and "rule cosine >= 0.999" in accuracy
+    assert note in accuracy and "rule cosine >= 0.999, norm within ±4.5%" in accuracy
     # Rounding to int8 is beyond allclose's default tolerances, element by element.
     _, _, stdout = report(capsys, tmp_path, int8["om"], "--reference", int8["onnx"],
                           "--rtol", "1e-4")
@@ -516,7 +517,7 @@ def test_an_int8_om_is_judged_by_cosine_unless_a_rule_is_given(int8, capsys, tmp
     assert "note:" not in stdout
     _, _, stdout = report(capsys, tmp_path, int8["om"], "--reference", int8["onnx"],
                           "--min-cosine", "0.9")
-    assert "accuracy: PASS (1/1 outputs within cosine >= 0.9)" in stdout
+    assert "accuracy: PASS (1/1 outputs within cosine >= 0.9, norm within ±48.4%)" in stdout
     assert "note:" not in stdout
 
 
@@ -556,7 +557,7 @@ def test_compare_judges_a_lossy_onnx_by_the_passes_its_metadata_names(int8, caps
     assert rc == 0 and "note: compiled with QuantizeInt8, lossy by design" in out, err
     rc, out, err = run_cli(capsys, "report", om, "-o", tmp_path / "r.html",
                            "--reference", int8["onnx"])
-    assert rc == 0 and "accuracy: PASS (1/1 outputs within cosine >= 0.999)" in out, out + err
+    assert rc == 0 and "accuracy: PASS (1/1 outputs within cosine >= 0.999, norm within ±4.5%)" in out, out + err
     plain = tmp_path / "cc.onnx"
     graphopt.save(graphopt.optimize(str(int8["onnx"])), plain)
     assert "graphopt.lossy_passes" not in {p.key for p in onnx.load(plain).metadata_props}

@@ -279,7 +279,9 @@ def find_patterns(model: Model) -> dict[str, list[list[Node]]]:
 
 def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
     own = {(k.partition, k.node): k for k in profile.kernels if k.node and k.how == EXACT}
-    total = profile.total_us or 1.0
+    # At each kernel's median call, as the bottleneck hints count: one call another process
+    # stalled must not make a pattern's savings look large.
+    total = sum(_typical_us(k) for k in profile.kernels) or 1.0
     passes = {label: name for label, name, _ in PATTERNS}
     hints = []
     for partition, model in models.items():
@@ -292,7 +294,7 @@ def _unfused(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
                         if sum((partition, n.name) in own for n in nodes) >= 2]
             # What fusing could save: the kernels after the pattern's first node (the Add, the
             # BatchNorm…), which a fused kernel does in the first one's pass over the data.
-            spent = sum(own[(partition, n.name)].total_us for nodes in separate
+            spent = sum(_typical_us(own[(partition, n.name)]) for nodes in separate
                         for n in whole_pattern(nodes)[1:] if (partition, n.name) in own)
             example = " → ".join(repr(n.name or n.op_type) for n in places[0])
             fuser = _with_level(passes[label])
@@ -352,13 +354,13 @@ def _fallbacks(profile: Profile) -> list[Hint]:
 
 def _layout(profile: Profile, models: Mapping[str, Model]) -> list[Hint]:
     hints = []
-    total = profile.total_us or 1.0
+    total = sum(_typical_us(k) for k in profile.kernels) or 1.0
     for ops, what in ((_REORDERS, "NCHWc layout conversions"), (("Transpose",), "Transposes")):
         kernels = [k for k in profile.kernels if k.op_type in ops]
         in_graph = sum(1 for m in models.values() for n in m.graph if n.op_type in ops)
         if not kernels and not in_graph:
             continue
-        spent = sum(k.total_us for k in kernels)
+        spent = sum(_typical_us(k) for k in kernels)
         counts = Counter(k.op_type for k in kernels)
         kinds = ", ".join(f"{op} ×{n}" for op, n in sorted(counts.items())) or "none ran"
         text = (f"{what}: {len(kernels)} kernel(s) ran ({kinds}; the graph has {in_graph} "

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from onnx import ModelProto
 
-from graphopt.errors import GraphoptError, OptionError, PassError
+from graphopt.errors import GraphoptError, InputError, ModelAtFault, OptionError, PassError
 from graphopt.ir import Model
 from graphopt.passes import PIPELINES
 from graphopt.passes.base import anchor_key
@@ -133,6 +133,15 @@ def compile_prefix(setup: Setup, limit: int | None, stop_after: int | None = Non
     except PassError as e:
         allowed = "every rewrite" if limit is None else f"the first {limit} rewrite(s)"
         raise PassError(f"{e} (bisect: compiling with {allowed} allowed)") from e
+    except ModelAtFault:
+        raise
+    except InputError:
+        # After the passes ran, an InputError is optimize's final check that onnxruntime
+        # loads (and can run) the result: a rewrite gone wrong, which is what bisect looks
+        # for (a LayerNormalization given axis 7 had ended the search with that error). Its
+        # evaluation runs the model and counts the refusal as broken outputs.
+        if not tracker.runs or tracker.model is None:
+            raise
     return Compiled(tracker.model, gate.calls, tracker.runs, tracker.pipeline, limit, stopped)
 
 

@@ -63,20 +63,13 @@ def _table(rows: list[Row], title: str, names: list[str], min_cosine: float | No
     return format_table(names, cells, title=title, names={0})
 
 
-def _norm_clause(min_cosine: float | None) -> str:
-    """What a cosine rule holds the scale to (compare.scale_text), for the header's rule line."""
-    if min_cosine is None or not 0 < min_cosine < 1:
-        return ""
-    return f", norm within ±{(1.0 / min_cosine ** 2 - 1.0) ** 0.5:.1%}"
-
-
 def format_report(report: CompareReport) -> str:
     """The header lines, the outputs table, the intermediates table and the verdict."""
     lines = [f"reference: {report.reference} (onnxruntime, optimizations disabled)",
              f"candidate: {report.candidate}"
              + (f" ({report.candidate_run})" if report.candidate_run else ""),
              f"inputs:    {report.inputs}",
-             f"rule:      {report.rule}" + _norm_clause(report.min_cosine), ""]
+             f"rule:      {report.rule}", ""]
     outputs, intermediates = report.outputs, report.intermediates
     names = headers(report)
     lines.append(_table(outputs, "outputs", names, report.min_cosine))

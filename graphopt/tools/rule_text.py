@@ -12,10 +12,18 @@ def exact(value: float) -> str:
 
 
 def rule_text(rtol: float, atol: float, min_cosine: float | None) -> str:
-    """"allclose(rtol=0.0001, atol=1e-05)" or "cosine >= 0.9999999"."""
+    """"allclose(rtol=0.0001, atol=1e-05)" or "cosine >= 0.999, norm within ±4.5%": the scale
+    a cosine rule also holds outputs to (compare.scale_text), named wherever the rule is, as
+    compare's text had alone (its JSON and the report said the cosine only)."""
     if min_cosine is not None:
-        return f"cosine >= {exact(min_cosine)}"
+        return f"cosine >= {exact(min_cosine)}{_norm_clause(min_cosine)}"
     return f"allclose(rtol={exact(rtol)}, atol={exact(atol)})"
+
+
+def _norm_clause(min_cosine: float) -> str:
+    if not 0 < min_cosine < 1:
+        return ""
+    return f", norm within ±{(1.0 / min_cosine ** 2 - 1.0) ** 0.5:.1%}"
 
 
 def cosine_text(cosine: float, threshold: float | None = None) -> str:
