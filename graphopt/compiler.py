@@ -629,7 +629,8 @@ def _partition(result: OptimizeResult, target, options: Options, memory_reorder:
     if returned:
         result.notes.append(f"{setting('target', as_given(target))}: {returned}")
     result.partition_models = partition_ir(model, result.partitioning)
-    result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder)
+    result.memory_plans = plan_partition_memory(result.partition_models, memory_reorder,
+                                                result.partitioning.layouts)
 
 
 def _with_image_hint(exc: Exception, aipp) -> Exception:

@@ -19,7 +19,7 @@ schedule (`Storage.assign`); the scheduler makes the same choice through `inplac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from graphopt.ir import Graph, Node, Value
@@ -92,7 +92,8 @@ class Storage:
     candidates [(output group, [(input group, input value), …]), …]."""
 
     def __init__(self, graph: Graph, kind: dict[Value, str], nbytes: dict[Value, int], *,
-                 alignment: int, inplace: bool = True):
+                 alignment: int, inplace: bool = True,
+                 copies: Mapping[Value, tuple[list[Node], list[Node]]] | None = None):
         self.graph, self.kind, self.alignment = graph, kind, alignment
         self.nodes = graph.nodes()
         self.index = {node: i for i, node in enumerate(self.nodes)}
@@ -139,6 +140,13 @@ class Storage:
                         if inputs:
                             cands.append((self.group_of[v].id, inputs))
             self.candidates.append(cands)
+        for copy, (writers, readers) in (copies or {}).items():  # TransData copies (liveness)
+            g = self.group_of[copy].id
+            for node in writers:  # the first to run writes it: Assign keeps the earliest
+                self.defines[self.index[node]] += (g,)
+            for node in readers:
+                self.reads[self.index[node]] += (g,)
+                self.readers[g] += 1
 
     def _new_group(self, value: Value, nbytes: dict[Value, int]) -> None:
         group = Group(len(self.groups), value, self.kind[value], nbytes[value], [value])
@@ -171,7 +179,8 @@ class Storage:
                 parent[out_g] = g
                 inplace[self.groups[out_g].root] = x
             for g in self.defines[n]:
-                first[g] = last[g] = step
+                if first[g] < 0:  # a TransData copy has several candidate writers
+                    first[g] = last[g] = step
             for g in self.reads[n]:
                 remaining[g] -= 1
                 last[g] = step

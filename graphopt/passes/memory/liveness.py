@@ -14,18 +14,27 @@ Rules:
 - Every tensor the plan accounts for needs a static size. An unknown one (symbolic or unknown dim,
   unknown dtype, a sequence or string) raises `MemoryPlanError` naming the value and its producer:
   a fixed work buffer cannot be sized from it, so the caller must pin the input shapes first.
+- On an NPU partition (given its `DeviceFormats`), a tensor the device stores in a blocked format
+  (NC1HWC0, FRACTAL_NZ, …) takes that format's padded bytes, and so does a weight converted
+  offline; each TransData's copy `T@FORMAT` is an arena tensor of its own, written at the step
+  that produces T (or its first reader's, for a partition input) and live to its last reader.
+  Caller-owned inputs and outputs stay ND: the host hands them over and takes them back so.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from graphopt.errors import GraphoptError
 from graphopt.ir import Graph, Model, Node, Value
 from graphopt.ir.dtypes import DType, nbytes
 from graphopt.ir.graph import captured_values
+
+if TYPE_CHECKING:
+    from graphopt.partition.format_bytes import DeviceFormats
 
 ARENA, INPUT, OUTPUT, WEIGHT = "arena", "input", "output", "weight"
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
@@ -197,9 +206,11 @@ class Liveness:
     schedule: list[Node]
     kind: dict[Value, str]
     nbytes: dict[Value, int]      # every input, output, weight and node output
-    first: dict[Value, int]       # node outputs only
+    first: dict[Value, int]       # node outputs only (and TransData copies)
     last: dict[Value, int]
     step: dict[Node, int]
+    # TransData copies, values of no graph: the nodes that write each and those that read it
+    copies: dict[Value, tuple[list[Node], list[Node]]] = field(default_factory=dict)
 
     def lifetime(self, value: Value) -> Lifetime:
         return Lifetime(value, self.kind[value], self.nbytes[value], self.first[value],
@@ -214,7 +225,7 @@ class Liveness:
 
 
 def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
-             fold_constants: bool = True) -> Liveness:
+             fold_constants: bool = True, formats: DeviceFormats | None = None) -> Liveness:
     graph = main_graph(model)
     order = check_schedule(graph, schedule)
     kind = classify(graph, fold_constants=fold_constants)
@@ -231,5 +242,47 @@ def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
         for value in node_reads(node):
             if value in last and last[value] < i:
                 last[value] = i
+    copies = _device_formats(graph, kind, sizes, formats) if formats is not None else {}
+    for copy, (writers, readers) in copies.items():
+        kind[copy] = ARENA
+        first[copy] = min(step[n] for n in writers)
+        last[copy] = max(step[n] for n in writers + readers)
     first = {v: first[v] for v in sorted(first, key=first.__getitem__)}
-    return Liveness(graph, order, kind, sizes, first, last, step)
+    return Liveness(graph, order, kind, sizes, first, last, step, copies)
+
+
+def _device_formats(graph: Graph, kind: dict[Value, str], sizes: dict[Value, int],
+                    formats: DeviceFormats) -> dict[Value, tuple[list[Node], list[Node]]]:
+    """Size the arena tensors and weights `formats` stores blocked at their padded bytes (in
+    `sizes`); return the TransData copies as values of their own, with the nodes that write
+    each (its tensor's producer, else its readers) and read it."""
+    from graphopt.partition.format_bytes import format_nbytes
+
+    by_name = {value.name: value for value in kind}
+    for value, size in list(sizes.items()):
+        fmt = (formats.stored.get(value.name) if kind[value] == ARENA else
+               formats.weights.get(value.name) if kind[value] == WEIGHT else None)
+        if fmt is not None and size:
+            sizes[value] = format_nbytes(fmt, value.static_shape, value.dtype)
+    copies: dict[Value, tuple[list[Node], list[Node]]] = {}
+    readers_of: dict[Value, list[Node]] = {}
+    for node in graph.nodes():
+        for value in node_reads(node):
+            readers_of.setdefault(value, []).append(node)
+    for name, have, want, labels in formats.conversions:
+        value = by_name.get(name)
+        if value is None or value.static_shape is None or value.dtype is None:
+            continue
+        readers = [n for n in readers_of.get(value, []) if (n.name or n.op_type) in labels]
+        # A copy for the partition's own readers is in their format; one for the host or the
+        # caller is the ND output itself (caller memory), and the arena holds the blocked original.
+        fmt = want if readers else have
+        readers = readers or readers_of.get(value, [])
+        writers = [value.producer] if value.producer is not None and value.producer.graph is graph \
+            else readers
+        if not writers:
+            continue
+        copy = Value(f"{name}@{fmt}", value.dtype, value.shape)
+        sizes[copy] = format_nbytes(fmt, value.static_shape, value.dtype)
+        copies[copy] = (writers, readers)
+    return copies

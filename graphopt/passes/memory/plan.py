@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graphopt.codegen.om_manifest import order_label
 from graphopt.errors import OptionError
@@ -20,6 +21,9 @@ from graphopt.passes.memory.liveness import (INPUT, WEIGHT, Liveness, liveness, 
 from graphopt.passes.memory.schedule import schedule_for_memory
 from graphopt.passes.memory.strategies import (MAX_PAIRS, PAIRWISE_STRATEGIES, REUSE_STRATEGIES,
                                                STRATEGIES)
+
+if TYPE_CHECKING:
+    from graphopt.partition.format_bytes import DeviceFormats
 
 PLAN_FORMAT = 1
 
@@ -66,6 +70,8 @@ class Plan:
     # every other tensor: name -> "input", "output" or "weight" (views of them included)
     external: dict[str, str] = field(default_factory=dict, repr=False)
     notes: list[str] = field(default_factory=list)
+    formats: DeviceFormats | None = field(default=None, repr=False)  # an NPU partition's
+    transdata_copies: int = 0        # of them, the TransData copies planned as tensors
 
     @property
     def steps(self) -> int:
@@ -89,11 +95,14 @@ class Plan:
         if not self.tensors:
             return (f"no work memory (every tensor is an input, an output or a weight); "
                     f"{sizes}{bodies}")
+        copies = self.transdata_copies
+        device = "" if self.formats is None else \
+            f"; device formats, {copies} TransData cop{'y' if copies == 1 else 'ies'}"
         return (f"work memory {format_bytes(self.arena_bytes)} ({self.arena_bytes:,} B; "
                 f"{self.strategy}, {self.ratio:.3f}x the lower bound "
                 f"{format_bytes(self.lower_bound)}); {sizes}; "
                 f"{_count(len(self.tensors), 'tensor')} in {_count(len(self.buffers), 'buffer')} "
-                f"over {_count(self.steps, 'step')}{bodies}{order}")
+                f"over {_count(self.steps, 'step')}{device}{bodies}{order}")
 
     def bodies_note(self) -> str:
         """What the plan leaves out: the values inside If/Loop/Scan bodies are the runtime's
@@ -122,6 +131,8 @@ class Plan:
                          **({"inplace_of": t.inplace_of} if t.inplace_of else {})}
                         for t in self.tensors.values()],
             "notes": self.notes,
+            # Sizes as the NPU stores its tensors (blocked formats, TransData copies `T@FORMAT`).
+            **({} if self.formats is None else {"sizes": "device formats"}),
             # inspect's tables show it beside the work memory, which would read as the whole.
             **({"not_counted": note} if (note := self.bodies_note()) else {}),
         }
@@ -134,11 +145,12 @@ class Plan:
 def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
                 alignment: int = DEFAULT_ALIGNMENT, strategies: Sequence[str] | None = None,
                 inplace: bool = True, fold_constants: bool = True, reorder: bool = False,
-                time_budget: float = 1.0) -> Plan:
+                time_budget: float = 1.0, formats: DeviceFormats | None = None) -> Plan:
     """Plan the work buffer of `model`'s main graph over `schedule` (default: the graph's order;
     `reorder=True` first picks a memory-aware order, see `schedule_for_memory`). Tries every
-    reuse strategy (or those named in `strategies`) and keeps the smallest arena.
-    Raises MemoryPlanError when a tensor has no static size."""
+    reuse strategy (or those named in `strategies`) and keeps the smallest arena. `formats`
+    (an NPU partition's) sizes tensors as the device stores them, TransData copies included
+    (liveness). Raises MemoryPlanError when a tensor has no static size."""
     if alignment < 1:
         raise OptionError(f"memory plan: alignment must be a positive byte count, got {alignment}")
     names = list(strategies or REUSE_STRATEGIES)
@@ -152,8 +164,9 @@ def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
         chosen = schedule_for_memory(graph, alignment=alignment, inplace=inplace,
                                      fold_constants=fold_constants, time_budget=time_budget)
         schedule, method, optimal = chosen.order, chosen.method, chosen.optimal
-    live = liveness(graph, schedule, fold_constants=fold_constants)
-    storage = Storage(graph, live.kind, live.nbytes, alignment=alignment, inplace=inplace)
+    live = liveness(graph, schedule, fold_constants=fold_constants, formats=formats)
+    storage = Storage(graph, live.kind, live.nbytes, alignment=alignment, inplace=inplace,
+                      copies=live.copies)
     assignment = storage.assign(live.schedule)
     buffers = assignment.buffers
     notes = []
@@ -173,6 +186,7 @@ def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
     offsets = results[chosen_name]
     plan = _assemble(live, assignment, offsets, chosen_name, candidates, alignment, method)
     plan.schedule_optimal = optimal
+    plan.formats, plan.transdata_copies = formats, len(live.copies)
     plan.notes[:0] = notes
     return plan
 
@@ -194,7 +208,7 @@ def _assemble(live: Liveness, assignment: Assignment, offsets: dict[int, int], s
                                          view.name if view is not None else "",
                                          inplace.name if inplace is not None else "")
     for value in live.kind:
-        if value.producer is None:
+        if value.producer is None and value not in live.copies:
             external[value.name] = live.kind[value]
     outputs = {id(v): v for v in graph.outputs}
     notes = [f"{node.qualified_op} '{node.name}': memory inside its subgraphs is the runtime's, "

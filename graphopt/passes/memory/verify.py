@@ -66,7 +66,7 @@ def _check_overlaps(plan: Plan, tensors: list[TensorPlan]) -> None:
 
 
 def _check_against(plan: Plan, graph: Graph) -> None:
-    live = liveness(graph, plan.schedule)
+    live = liveness(graph, plan.schedule, formats=plan.formats)
     for value in live.first:
         t = plan.tensors.get(value.name)
         if t is None:

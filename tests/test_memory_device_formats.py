@@ -1,0 +1,88 @@
+"""An NPU partition's memory plan counts its tensors as the device stores them: blocked formats
+padded to their blocks, weights in their offline formats, and each TransData's copy."""
+
+from __future__ import annotations
+
+import numpy as np
+from helpers import parse_model
+
+import graphopt
+from graphopt.ir.dtypes import DType
+from graphopt.partition.format_bytes import DeviceFormats, format_nbytes
+from graphopt.passes.memory import verify_plan
+
+
+def test_blocked_formats_pad_to_their_blocks():
+    # 24 channels hold 32 in NC1HWC0 (C0 16); int8's C0 is 32; a 1-D conv's input has H = 1.
+    assert format_nbytes("NC1HWC0", [1, 24, 56, 56], DType.FLOAT) == 1 * 32 * 56 * 56 * 4
+    assert format_nbytes("NC1HWC0", [2, 24, 7, 7], DType.INT8) == 2 * 32 * 7 * 7
+    assert format_nbytes("NC1HWC0", [1, 17, 100], DType.FLOAT16) == 32 * 100 * 2
+    assert format_nbytes("NDC1HWC0", [1, 3, 4, 5, 6], DType.FLOAT) == 16 * 4 * 5 * 6 * 4
+    # A 768-vector is one row of sixteen; [2, 3, 40] pads rows to 16 and columns to 48.
+    assert format_nbytes("FRACTAL_NZ", [1, 768], DType.FLOAT) == 16 * 768 * 4
+    assert format_nbytes("FRACTAL_NZ", [2, 3, 40], DType.FLOAT16) == 2 * 16 * 48 * 2
+    # Conv weights [Co, Ci, kh, kw]: Ci to C0, Co to 16 (a depthwise conv's 1 input channel
+    # takes a block, the packed groups' diagonal).
+    assert format_nbytes("FRACTAL_Z", [144, 1, 3, 3], DType.FLOAT16) == 16 * 9 * 144 * 2
+    assert format_nbytes("FRACTAL_Z", [20, 8, 1, 1], DType.INT8) == 32 * 32
+    # ND, an unknown format or a rank the format does not take: the plain bytes.
+    for fmt, shape in (("ND", [3, 5]), ("FRACTAL_NZ", [7]), ("NC1HWC0", [2, 3])):
+        assert format_nbytes(fmt, shape, DType.FLOAT) == 4 * int(np.prod(shape))
+
+
+def _npu_compile():
+    # Channels that do not fill a block: 8 in, 24 between the convs.
+    rng = np.random.default_rng(3)
+    proto = parse_model("""
+        g (float[1,8,16,16] x) => (float[1,10] y) {
+            c1 = Conv <pads = [1,1,1,1]> (x, w1)
+            r1 = Relu (c1)
+            c2 = Conv <pads = [1,1,1,1]> (r1, w2)
+            r2 = Relu (c2)
+            p = GlobalAveragePool (r2)
+            f = Flatten (p)
+            y = Gemm <transB = 1> (f, wf)
+        }""", w1=rng.standard_normal((24, 8, 3, 3)).astype(np.float32),
+        w2=rng.standard_normal((24, 24, 3, 3)).astype(np.float32),
+        wf=rng.standard_normal((10, 24)).astype(np.float32))
+    return graphopt.optimize(proto, target="ascend310")
+
+
+def test_an_npu_plan_counts_the_device_formats_and_their_transdata_copies():
+    result = _npu_compile()
+    (name, plan), = result.memory_plans.items()
+    layout = result.partitioning.layouts[name]
+    assert plan.formats == DeviceFormats.of(layout)
+    model = result.partition_models[name]
+    values = {v.name: v for n in model.graph for v in n.outputs if v is not None}
+    # The convs' outputs are NC1HWC0: 24 channels take 32 (the pooled [1, 24, 1, 1] too).
+    blocked = [t for t, fmt in layout.formats.items() if fmt == "NC1HWC0" and t in plan.tensors]
+    assert len(blocked) >= 3
+    for tensor in blocked:
+        value = values[tensor]
+        assert plan.tensors[tensor].size == \
+            format_nbytes("NC1HWC0", value.static_shape, value.dtype) == \
+            value.static_shape[0] * 32 * int(np.prod(value.static_shape[2:])) * 4
+    # Every TransData makes a copy of its own, in the arena from its writer to its readers:
+    # the input converted for the first conv, and the pooled features leaving NC1HWC0.
+    copies = {t.name: t for t in plan.tensors.values() if "@" in t.name}
+    assert "x@NC1HWC0" in copies and copies["x@NC1HWC0"].size == 16 * 16 * 16 * 4
+    assert len(copies) == len(layout.transdata) == plan.transdata_copies
+    # Weights in their offline formats: FRACTAL_Z pads w1's 8 input channels to 16.
+    assert layout.weights["w1"] == "FRACTAL_Z"
+    assert plan.weight_bytes > 4 * (24 * 8 * 9 + 24 * 24 * 9 + 10 * 24)
+    # Checked against the graph with the same formats: sizes, lifetimes, and no two tensors
+    # live at a common step share a byte.
+    verify_plan(plan, model)
+    assert "device formats" in plan.summary() and plan.to_dict()["sizes"] == "device formats"
+
+
+def test_a_cpu_plan_stays_nd():
+    proto = parse_model("""
+        g (float[1,8,16,16] x) => (float[1,24,16,16] y) {
+            c = Conv <pads = [1,1,1,1]> (x, w)
+            y = Relu (c)
+        }""", w=np.ones((24, 8, 3, 3), np.float32))
+    (plan,) = graphopt.optimize(proto, target="cpu").memory_plans.values()
+    assert plan.formats is None and "sizes" not in plan.to_dict()
+    assert all("@" not in name for name in plan.tensors)
