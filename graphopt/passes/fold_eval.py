@@ -39,16 +39,32 @@ class EvalError(Exception):
         self.at_run = at_run
 
 
+# Constants this large go to the session as inputs, fed the arrays they are, not as
+# initializers: an initializer is copied into the proto, again into its serialized bytes and
+# again into onnxruntime's own tensor (4 GB at the peak to fold 768 MB of transposed weights).
+_FED_BYTES = 1 << 20
+# The element types numpy holds as onnxruntime reads them (not bfloat16, float8 or 4-bit).
+_FEEDABLE = frozenset({DType.FLOAT, DType.FLOAT16, DType.DOUBLE, DType.INT8, DType.INT16,
+                       DType.INT32, DType.INT64, DType.UINT8, DType.UINT16, DType.UINT32,
+                       DType.UINT64, DType.BOOL})
+
+
 def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: list[Value]
              ) -> dict[int, Tensor]:
-    """Run `nodes` in one onnxruntime session, constants in `feeds` as initializers; return the
-    data of `wanted` keyed by id(value)."""
+    """Run `nodes` in one onnxruntime session, constants in `feeds` as initializers (the large
+    ones as inputs); return the data of `wanted` keyed by id(value)."""
     for node in nodes:
         _check_integer_division(node, feeds)
     graph = onnx.GraphProto(name="fold")
     graph.node.extend(_node_proto(n) for n in nodes)
+    arrays_in = {}
     for name, tensor in feeds.items():
-        graph.initializer.append(tensor.to_proto(name))
+        if tensor.nbytes >= _FED_BYTES and tensor.dtype in _FEEDABLE:
+            graph.input.append(helper.make_tensor_value_info(name, int(tensor.dtype),
+                                                             list(tensor.shape)))
+            arrays_in[name] = tensor.numpy()
+        else:
+            graph.initializer.append(tensor.to_proto(name))
     fetch_names, casts = [], {}
     for value in wanted:
         name = value.name
@@ -69,7 +85,7 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
     except Exception as e:  # noqa: BLE001 - any ORT failure means "cannot fold this way"
         raise EvalError(_first_line(e)) from None
     try:
-        arrays = session.run(fetch_names, {})
+        arrays = session.run(fetch_names, arrays_in)
     except UnicodeDecodeError as e:  # the kernel ran; its string result is not UTF-8
         raise EvalError(f"a string result is not UTF-8, which onnxruntime cannot return to "
                         f"Python ({e.reason} at byte {e.start})") from None
