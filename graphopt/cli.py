@@ -277,9 +277,32 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         command = nested.get(getattr(args, f"{args.command}_command", None), command)
         hints = atc_hints(command, extra)  # `--input_shape=…` pasted from an atc command
         hints += _source_edit_hints(command, extra)
+        hints += _before_command_hints(command, extra,
+                                       sys.argv[1:] if argv is None else argv, args.command)
         command.error(f"unrecognized arguments: {' '.join(extra)}"
                       + (f" ({'; '.join(hints)})" if hints else ""))
     return args
+
+
+def _before_command_hints(command, extra: list[str], given: list[str], name) -> list[str]:
+    """`graphopt -O3 optimize …`: an option of the command given before the command."""
+    if name not in given:
+        return []
+    before = set(given[:given.index(name)])
+    known = {flag for action in command._actions for flag in action.option_strings}
+    hints = []
+    for text in extra:
+        if text not in before:
+            continue
+        flag = text.split("=", 1)[0]
+        flag = flag if flag in known or not flag.startswith("-O") else "-O"
+        if flag in known:
+            hints.append(f"{text} is an option of {command.prog}: it goes after the command, "
+                         f"as in `{command.prog} {text} …`")
+        else:
+            hints.append(f"{text} goes after the command; graphopt itself takes only --help "
+                         "and --version")
+    return hints
 
 
 # optimize's edits of the model before any pass, which the other commands take as a model edited

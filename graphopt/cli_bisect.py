@@ -9,7 +9,7 @@ import sys
 from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
 from graphopt.cli_precision import add_precision_args, precision_options
-from graphopt.cli_types import input_shapes, path_text, target_name
+from graphopt.cli_types import JoinedShapes, input_shapes, path_text, target_name
 from graphopt.errors import one_line
 from graphopt.help_format import HelpFormatter
 
@@ -52,7 +52,7 @@ def add_bisect_parser(sub) -> None:
                         "`graphopt optimize --target` does; without it, for none, as "
                         "`optimize -o x.onnx` (an .om compiled without --target used cpu: "
                         "give --target cpu to bisect that compile)")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input, named like the input "

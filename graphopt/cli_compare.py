@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import cosine, input_shapes, non_negative_int, path_text, tolerance
+from graphopt.cli_types import (JoinedShapes, cosine, input_shapes, non_negative_int, path_text,
+                                tolerance)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
@@ -47,7 +48,7 @@ def add_compare_parser(sub) -> None:
                         "rule fails")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='dims for the random inputs\' dynamic axes: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--per-tensor", action="store_true",
                    help="also compare the intermediates both models compute (same name and shape)")

@@ -6,7 +6,7 @@ import json
 
 from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
 from graphopt.cli_precision import add_precision_args, precision_options
-from graphopt.cli_types import input_shapes, non_negative_int, target_name
+from graphopt.cli_types import JoinedShapes, input_shapes, non_negative_int, target_name
 from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import FLAGS
@@ -48,7 +48,7 @@ def add_diff_parser(sub) -> None:
     p.add_argument("--target", type=target_name, metavar="NAME|FILE",
                    help="with --pass: compile for this target (`graphopt targets`); "
                         "without it, for none (an .om compiled without --target used cpu)")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='with --pass: pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--allow-custom-ops", action="store_true",
                    help="with --pass: keep ops of unknown custom domains instead of refusing "

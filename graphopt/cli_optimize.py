@@ -9,8 +9,8 @@ import sys
 from graphopt.cli_accuracy import print_accuracy
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_precision import add_precision_args, precision_options
-from graphopt.cli_types import (dynamic_dims, input_shapes, name_text, parse_size, path_text,
-                                target_name, tolerance)
+from graphopt.cli_types import (JoinedShapes, dynamic_dims, input_shapes, name_text, parse_size,
+                                path_text, target_name, tolerance)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import flags_spelled, spelled
@@ -45,7 +45,7 @@ def add_optimize_parser(sub) -> None:
                         "2e-5 of a layer's largest output: Winograd convs, Softplus, Mish; "
                         "`graphopt passes` lists the passes of each level)")
     add_pass_switches(p)
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128" (-1 keeps a dim dynamic)')
     p.add_argument("--out-nodes", metavar="NAMES",
                    help='end the model at these tensors, ATC style: "boxes;Conv_12:0" (a '

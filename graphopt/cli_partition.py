@@ -6,7 +6,7 @@ import json
 
 from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch_file_of
 from graphopt.cli_precision import add_precision_args, precision_options
-from graphopt.cli_types import input_shapes, path_text, target_name
+from graphopt.cli_types import JoinedShapes, input_shapes, path_text, target_name
 from graphopt.help_format import HelpFormatter
 
 
@@ -26,7 +26,7 @@ def add_partition_parser(sub) -> None:
                    help="a built-in target (`graphopt targets`) or a profile .json")
     p.add_argument("-O", dest="level", type=int, default=2, choices=range(4), metavar="LEVEL",
                    help="optimization level before partitioning (default 2)")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224"; NPUs need static shapes')
     add_pass_switches(p)
     add_fold_size_limit(p)

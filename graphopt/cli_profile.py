@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import (input_shapes, non_negative_int, path_text, positive_int,
-                               run_count, thread_count, warmup_count)
+from graphopt.cli_types import (JoinedShapes, input_shapes, non_negative_int, path_text,
+                                positive_int, run_count, thread_count, warmup_count)
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 
@@ -41,7 +41,7 @@ def add_profile_parser(sub) -> None:
     p.add_argument("model", type=path_text, help="an .onnx model or a compiled .om artifact")
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="an .npz with one array per input (default: seeded random data)")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='pin dynamic input dims for the random inputs: "x:1,3,224,224;mask:1,128" '
                         "(an .om with shape profiles: by default the first profile's dims, as "
                         "`graphopt run` takes them)")

@@ -6,7 +6,7 @@ import os
 
 from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import input_shapes, path_text
+from graphopt.cli_types import JoinedShapes, input_shapes, path_text
 from graphopt.errors import OptionError
 from graphopt.help_format import HelpFormatter
 from graphopt.input_files import looks_like_zip
@@ -40,7 +40,7 @@ def add_report_parser(sub) -> None:
     p.add_argument("--inputs", type=path_text, metavar="NPZ",
                    help="--reference: an .npz with one array per input (default: seeded "
                         "random data)")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help="--reference: dims for the random inputs' dynamic axes, "
                         '"x:1,3,224,224"')
     p.add_argument("--per-tensor", action="store_true",

@@ -6,8 +6,8 @@ import json
 import os
 
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import (input_shapes, non_negative_int, path_text, run_count,
-                               thread_count, warmup_count)
+from graphopt.cli_types import (JoinedShapes, input_shapes, non_negative_int, path_text,
+                                run_count, thread_count, warmup_count)
 from graphopt.errors import InputError, OptionError, naming, one_line
 from graphopt.help_format import HelpFormatter
 from graphopt.input_files import looks_like_zip
@@ -61,7 +61,7 @@ def add_run_parser(sub) -> None:
                         "chooses, usually one per core)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='pin the dynamic dims of the random inputs, ATC style: '
                         '"input_ids:1,128" (a dim pinned on one input is pinned on every input '
                         'that shares its name; with --profile, the dims that profile leaves '

@@ -11,7 +11,7 @@ import sys
 from graphopt.cli_optimize import (add_fold_size_limit, add_pass_switches, compile_flags,
                                    switch_file_of)
 from graphopt.cli_paths import check_output_path
-from graphopt.cli_types import (input_shapes, name_text, path_text, positive_int,
+from graphopt.cli_types import (JoinedShapes, input_shapes, name_text, path_text, positive_int,
                                 positive_seconds, positive_thread_count, run_count, seed,
                                 target_name, thread_count)
 from graphopt.errors import OptionError, interrupt_behind
@@ -63,7 +63,7 @@ def add_tune_parser(sub) -> None:
     p.add_argument("model", type=path_text, help="input .onnx file")
     p.add_argument("--target", type=target_name, required=True, metavar="NAME|FILE",
                    help="the target (`graphopt targets` lists them); op tuning needs an NPU")
-    p.add_argument("--input-shape", type=input_shapes, metavar="SHAPES",
+    p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
                    help='pin input dims, ATC style: "x:1,3,224,224;mask:1,128"')
     p.add_argument("--job", default="op", choices=("op", "subgraph"),
                    help="op: tune each cube kernel's tiling (default); subgraph: tune which "

@@ -137,6 +137,20 @@ def input_shapes(text: str) -> str:
     return _form_checked(text, parse_input_shapes, "--input-shape")
 
 
+class JoinedShapes(argparse.Action):
+    """A repeated --input-shape adds its pins to the earlier ones (`--input-shape a:1,4
+    --input-shape b:2,4` is "a:1,4;b:2,4"); an input pinned twice is refused, naming it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        earlier = getattr(namespace, self.dest, None)
+        text = f"{earlier};{values}" if earlier else values
+        try:
+            input_shapes(text)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        setattr(namespace, self.dest, text)
+
+
 def _form_checked(text: str, parse, flag: str) -> str:
     """`text` once `parse` takes it; its OptionError, which names `flag`, as argparse's."""
     from graphopt.errors import OptionError

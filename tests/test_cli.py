@@ -1342,3 +1342,32 @@ def test_an_interrupted_command_exits_though_a_library_left_a_thread_running(tmp
               "cli.entry()\n")
     done = subprocess.run([sys.executable, "-c", script], timeout=60)
     assert done.returncode == 130
+
+
+def test_an_option_given_before_the_command_is_said_to_go_after_it(tmp_path, capsys):
+    model = tmp_path / "m.onnx"
+    onnx.save(parse_model("g (float[1,4] x) => (float[1,4] y) { y = Relu(x) }"), model)
+    for flag in ("-O3", "-q"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([flag, "optimize", str(model), "-o", str(tmp_path / "m.om")])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and f"{flag} is an option of graphopt optimize: it " \
+            f"goes after the command, as in `graphopt optimize {flag} …`" in err, err
+
+
+def test_a_repeated_input_shape_adds_its_pins_and_an_input_pinned_twice_is_refused(tmp_path,
+                                                                                   capsys):
+    # The later one had replaced the earlier: `a` stayed dynamic, and `run` then asked for the
+    # pin the user had given.
+    model = tmp_path / "two.onnx"
+    onnx.save(parse_model("g (float[N,4] a, float[M,4] b) => (float[N,4] y) { y = Add(a, b) }"),
+              model)
+    out = tmp_path / "two.om"
+    assert main(["optimize", str(model), "-o", str(out), "-q", "--input-shape", "a:1,4",
+                 "--input-shape", "b:1,4"]) == 0
+    assert [e["shape"] for e in OmSession(out).inputs] == [[1, 4], [1, 4]]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["optimize", str(model), "-o", str(out), "--input-shape", "a:1,4",
+              "--input-shape", "a:2,4"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--input-shape: input 'a' is given twice" in err, err
