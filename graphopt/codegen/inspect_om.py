@@ -259,6 +259,11 @@ def _format_memory(plans: dict) -> str:
             rows.append([name, "-", "-", "-", "not planned (below)", "", "", ""])
             unplanned.append(f"{name}: {reason}")
             continue
+        if plan.get("sizes") == "device formats":  # an NPU partition (plan.py)
+            copies = plan.get("transdata_copies")
+            unplanned.append(f"{name}: sized as the device stores its tensors (blocked formats "
+                             f"padded; {copies if isinstance(copies, int) else '?'} TransData "
+                             "copies, named T@FORMAT)")
         bound = plan.get("lower_bound") or 0
         ratio = f"{plan['arena_bytes'] / bound:.3f}" if bound else "-"
         # Nothing to place (every tensor an input, output or weight): no strategy or order

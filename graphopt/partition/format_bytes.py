@@ -6,6 +6,11 @@
     FRACTAL_Z   conv weights [Co, Ci, kh, kw] as ⌈Ci/C0⌉ · kh · kw · ⌈Co/16⌉ · 16 · C0
     FRACTAL_Z_3D the same with kd: ⌈Ci/C0⌉ · kd · kh · kw · ⌈Co/16⌉ · 16 · C0
 
+A grouped conv's weights are stored group-enlarged, as CANN's Conv2D packs them: e groups at a
+time (tuner/tiling.group_enlargement) make one block-diagonal weight of e·Ci inputs and
+e·Co/g outputs, ⌈g/e⌉ of them: ⌈g/e⌉ · ⌈e·Ci/C0⌉ · kh · kw · ⌈e·Co/g / 16⌉ · 16 · C0. A
+depthwise conv's 144 channels are 9 packs of 16, a diagonal in each 16 × 16 fractal.
+
 C0 is a block's 32 bytes: 16 elements of 2 bytes (float16), 32 of 1 byte (int8); 16 for wider
 types, as CANN's float32 NC1HWC0 keeps (ATC's default precision runs them in float16 anyway).
 The element size is the IR's dtype, as the rest of the memory plan counts it. A ⟨B, 24, 56, 56⟩
@@ -30,9 +35,9 @@ def block(dtype: DType) -> int:
     return 32 if dtype.bits == 8 else 16
 
 
-def format_nbytes(fmt: str, shape: Sequence[int], dtype: DType) -> int:
+def format_nbytes(fmt: str, shape: Sequence[int], dtype: DType, group: int = 1) -> int:
     """The bytes of a static tensor stored in device format `fmt` (its ND bytes for ND, an
-    unknown format, or a rank the format does not take)."""
+    unknown format, or a rank the format does not take); `group`: a FRACTAL_Z weight's conv's."""
     plain = nbytes(dtype, math.prod(shape))
     c0, up = block(dtype), lambda n, m: -(-n // m) * m
     rank = len(shape)
@@ -46,8 +51,13 @@ def format_nbytes(fmt: str, shape: Sequence[int], dtype: DType) -> int:
         *batch, m, k = shape
         elements = math.prod(batch) * up(m, FRACTAL) * up(k, c0)
     elif fmt in ("FRACTAL_Z", "FRACTAL_Z_3D") and rank >= 3:
+        from graphopt.tuner.tiling import group_enlargement
+
         co, ci, *kernel = shape
-        elements = up(ci, c0) * math.prod(kernel) * up(co, FRACTAL)
+        group = group if group > 1 and co % group == 0 else 1
+        packed = group_enlargement(group, ci, co // group, "int8" if c0 == 32 else "float16")
+        elements = (-(-group // packed) * up(packed * ci, c0) * math.prod(kernel)
+                    * up(packed * co // group, FRACTAL))
     else:
         return plain
     return nbytes(dtype, elements)

@@ -284,7 +284,14 @@ def _plan_row(name: str, plan) -> tuple[list, str]:
            format_bytes(plan.get("input_bytes", 0) + plan.get("output_bytes", 0)),
            len(plan.get("tensors", []))]
     if plan.get("tensors"):
-        return row, f"<h3>{escape(name)}</h3><div class=\"plot\">{plan_svg(plan)}</div>"
+        device = ""
+        if plan.get("sizes") == "device formats":  # an NPU partition (memory/plan.py)
+            copies = plan.get("transdata_copies")
+            device = (f'<p class="note">Sized as the device stores its tensors: blocked formats '
+                      f"padded, {copies if isinstance(copies, int) else '?'} TransData copies "
+                      "(named T@FORMAT).</p>")
+        return row, (f"<h3>{escape(name)}</h3>{device}"
+                     f"<div class=\"plot\">{plan_svg(plan)}</div>")
     return row, (f'<p class="note">{escape(name)}: no work memory (every tensor is an '
                  "input, an output or a weight)</p>")
 

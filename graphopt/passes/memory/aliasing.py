@@ -55,20 +55,25 @@ class Group:
     members: list[Value] = field(default_factory=list)
 
 
-def view_source(node: Node, kind: dict[Value, str], nbytes: dict[Value, int]) -> Value | None:
+def view_source(node: Node, kind: dict[Value, str], nbytes: dict[Value, int],
+                device_format: Mapping[Value, str] | None = None) -> Value | None:
     """The input whose bytes `node`'s output relabels, or None when it must be a copy (the
-    output is caller-owned or a weight, or the sizes disagree)."""
+    output is caller-owned or a weight, or the sizes or the device formats disagree)."""
     if not node.is_onnx or node.op_type not in VIEW_OPS or len(node.outputs) != 1:
         return None
     x, y = node.input(0), node.outputs[0]
     if x is None or y is None or kind.get(y) != ARENA or x not in nbytes:
         return None
+    if device_format and device_format.get(x) != device_format.get(y):
+        return None
     return x if nbytes[x] == nbytes[y] else None
 
 
 def _inplace_inputs(node: Node, out: Value, kind: dict[Value, str],
-                    nbytes: dict[Value, int]) -> list[Value]:
-    """Inputs of `node` whose storage `out` may take once they die (order-independent checks)."""
+                    nbytes: dict[Value, int],
+                    device_format: Mapping[Value, str] | None = None) -> list[Value]:
+    """Inputs of `node` whose storage `out` may take once they die (order-independent checks):
+    of its shape, element width and device format."""
     domain = "" if node.is_onnx else node.domain
     if (domain, node.op_type) not in INPLACE_OPS or kind.get(out) != ARENA:
         return []
@@ -81,7 +86,8 @@ def _inplace_inputs(node: Node, out: Value, kind: dict[Value, str],
             continue
         if (x.static_shape == out.static_shape and nbytes.get(x) == nbytes[out]
                 and x.dtype is not None and out.dtype is not None
-                and x.dtype.bits == out.dtype.bits):
+                and x.dtype.bits == out.dtype.bits
+                and (not device_format or device_format.get(x) == device_format.get(out))):
             result.append(x)
     return result
 
@@ -93,7 +99,8 @@ class Storage:
 
     def __init__(self, graph: Graph, kind: dict[Value, str], nbytes: dict[Value, int], *,
                  alignment: int, inplace: bool = True,
-                 copies: Mapping[Value, tuple[list[Node], list[Node]]] | None = None):
+                 copies: Mapping[Value, tuple[list[Node], list[Node]]] | None = None,
+                 device_format: Mapping[Value, str] | None = None):
         self.graph, self.kind, self.alignment = graph, kind, alignment
         self.nodes = graph.nodes()
         self.index = {node: i for i, node in enumerate(self.nodes)}
@@ -104,7 +111,7 @@ class Storage:
             if value.producer is None:
                 self._new_group(value, nbytes)
         for node in self.nodes:
-            source = view_source(node, kind, nbytes)
+            source = view_source(node, kind, nbytes, device_format)
             for value in node.outputs:
                 if value is None:
                     continue
@@ -135,15 +142,21 @@ class Storage:
                 for v in outs:
                     if self.group_of[v].root is v:
                         inputs = [(self.group_of[x].id, x)
-                                  for x in _inplace_inputs(node, v, kind, nbytes)
+                                  for x in _inplace_inputs(node, v, kind, nbytes,
+                                                           device_format)
                                   if self.group_of[x].kind == ARENA]
                         if inputs:
                             cands.append((self.group_of[v].id, inputs))
             self.candidates.append(cands)
-        for copy, (writers, readers) in (copies or {}).items():  # TransData copies (liveness)
+        # TransData copies (liveness): written by their tensor's producer, or, a partition
+        # input's, as the partition starts.
+        self.at_start: list[int] = []
+        for copy, (writers, readers) in (copies or {}).items():
             g = self.group_of[copy].id
-            for node in writers:  # the first to run writes it: Assign keeps the earliest
+            for node in writers:
                 self.defines[self.index[node]] += (g,)
+            if not writers:
+                self.at_start.append(g)
             for node in readers:
                 self.reads[self.index[node]] += (g,)
                 self.readers[g] += 1
@@ -173,14 +186,15 @@ class Storage:
         remaining = list(self.readers)
         parent = list(range(len(self.groups)))  # in-place chains, output -> input group
         inplace: dict[Value, Value] = {}
+        for g in self.at_start:
+            first[g] = last[g] = 0
         for step, node in enumerate(order):
             n = self.index[node]
             for out_g, g, x in self.inplace_choice(n, remaining):
                 parent[out_g] = g
                 inplace[self.groups[out_g].root] = x
             for g in self.defines[n]:
-                if first[g] < 0:  # a TransData copy has several candidate writers
-                    first[g] = last[g] = step
+                first[g] = last[g] = step
             for g in self.reads[n]:
                 remaining[g] -= 1
                 last[g] = step

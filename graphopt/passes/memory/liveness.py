@@ -17,7 +17,7 @@ Rules:
 - On an NPU partition (given its `DeviceFormats`), a tensor the device stores in a blocked format
   (NC1HWC0, FRACTAL_NZ, …) takes that format's padded bytes, and so does a weight converted
   offline; each TransData's copy `T@FORMAT` is an arena tensor of its own, written at the step
-  that produces T (or its first reader's, for a partition input) and live to its last reader.
+  that produces T (from the first step, for a partition input) and live to its last reader.
   Caller-owned inputs and outputs stay ND: the host hands them over and takes them back so.
 """
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from graphopt.partition.format_bytes import DeviceFormats
 
 ARENA, INPUT, OUTPUT, WEIGHT = "arena", "input", "output", "weight"
+ND = "ND"  # the plain layout: no device format
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                         "Multinomial", "Bernoulli"})
 # Ops onnxruntime runs at every inference even on constant inputs. Its constant folding skips
@@ -211,6 +212,9 @@ class Liveness:
     step: dict[Node, int]
     # TransData copies, values of no graph: the nodes that write each and those that read it
     copies: dict[Value, tuple[list[Node], list[Node]]] = field(default_factory=dict)
+    # The device format of each value stored in one (ND where absent): no view or in-place
+    # handover joins two formats, whose bytes mean different elements
+    device_format: dict[Value, str] = field(default_factory=dict)
 
     def lifetime(self, value: Value) -> Lifetime:
         return Lifetime(value, self.kind[value], self.nbytes[value], self.first[value],
@@ -243,46 +247,66 @@ def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
             if value in last and last[value] < i:
                 last[value] = i
     copies = _device_formats(graph, kind, sizes, formats) if formats is not None else {}
+    stored = {v: formats.stored[v.name] for v in kind if v.name in formats.stored} \
+        if formats is not None else {}
     for copy, (writers, readers) in copies.items():
         kind[copy] = ARENA
-        first[copy] = min(step[n] for n in writers)
-        last[copy] = max(step[n] for n in writers + readers)
+        first[copy] = step[writers[0]] if writers else 0
+        last[copy] = max([step[n] for n in readers], default=first[copy])
     first = {v: first[v] for v in sorted(first, key=first.__getitem__)}
-    return Liveness(graph, order, kind, sizes, first, last, step, copies)
+    return Liveness(graph, order, kind, sizes, first, last, step, copies, stored)
 
 
 def _device_formats(graph: Graph, kind: dict[Value, str], sizes: dict[Value, int],
                     formats: DeviceFormats) -> dict[Value, tuple[list[Node], list[Node]]]:
     """Size the arena tensors and weights `formats` stores blocked at their padded bytes (in
-    `sizes`); return the TransData copies as values of their own, with the nodes that write
-    each (its tensor's producer, else its readers) and read it."""
+    `sizes`); return the TransData copies as values of their own, with the node that writes
+    each (its tensor's producer; none for a partition input's, converted as the partition
+    starts) and the nodes that read it."""
     from graphopt.partition.format_bytes import format_nbytes
 
     by_name = {value.name: value for value in kind}
-    for value, size in list(sizes.items()):
-        fmt = (formats.stored.get(value.name) if kind[value] == ARENA else
-               formats.weights.get(value.name) if kind[value] == WEIGHT else None)
-        if fmt is not None and size:
-            sizes[value] = format_nbytes(fmt, value.static_shape, value.dtype)
-    copies: dict[Value, tuple[list[Node], list[Node]]] = {}
     readers_of: dict[Value, list[Node]] = {}
     for node in graph.nodes():
         for value in node_reads(node):
             readers_of.setdefault(value, []).append(node)
+    for value in list(sizes):
+        if kind[value] == ARENA and value.name in formats.stored and sizes[value]:
+            sizes[value] = format_nbytes(formats.stored[value.name], value.static_shape,
+                                         value.dtype)
+    for name, fmt in formats.weights.items():
+        value = by_name.get(name)
+        if value is None or value.static_shape is None:
+            continue
+        group = max((int(n.attr("group", 1)) for n in readers_of.get(value, [])
+                     if n.op_type in ("Conv", "FusedConv")), default=1)
+        producer = value.producer
+        if not sizes.get(value) and producer is not None and producer.op_type == \
+                "DequantizeLinear":  # fused: the int8 weight itself is stored in the format
+            value = producer.inputs[0]
+        if kind.get(value) == WEIGHT and value.static_shape is not None:
+            sizes[value] = format_nbytes(fmt, value.static_shape, value.dtype, group)
+    copies: dict[Value, tuple[list[Node], list[Node]]] = {}
     for name, have, want, labels in formats.conversions:
         value = by_name.get(name)
         if value is None or value.static_shape is None or value.dtype is None:
             continue
-        readers = [n for n in readers_of.get(value, []) if (n.name or n.op_type) in labels]
-        # A copy for the partition's own readers is in their format; one for the host or the
-        # caller is the ND output itself (caller memory), and the arena holds the blocked original.
-        fmt = want if readers else have
-        readers = readers or readers_of.get(value, [])
-        writers = [value.producer] if value.producer is not None and value.producer.graph is graph \
-            else readers
-        if not writers:
-            continue
-        copy = Value(f"{name}@{fmt}", value.dtype, value.shape)
-        sizes[copy] = format_nbytes(fmt, value.static_shape, value.dtype)
-        copies[copy] = (writers, readers)
+        inside = readers_of.get(value, [])
+        readers = [n for n in inside if (n.name or n.op_type) in labels]
+        leaving = bool(set(labels) - {n.name or n.op_type for n in inside})
+        writers = [value.producer] if value.producer is not None \
+            and value.producer.graph is graph else []
+        wanted = []
+        # The partition's own readers get a copy in their format, unless it is the ND output
+        # the caller or the host takes, which is there for them to read (caller memory).
+        if readers and not (want == ND and kind[value] == OUTPUT):
+            wanted.append((want, readers))
+        # An output the device made blocked: the arena holds that original until it is
+        # converted, and for the readers that take it as it is.
+        if leaving and kind[value] == OUTPUT and writers:
+            wanted.append((have, [n for n in inside if n not in readers]))
+        for fmt, read_by in wanted:
+            copy = Value(f"{name}@{fmt}", value.dtype, value.shape)
+            sizes[copy] = format_nbytes(fmt, value.static_shape, value.dtype)
+            copies[copy] = (writers, read_by)
     return copies

@@ -132,7 +132,8 @@ class Plan:
                         for t in self.tensors.values()],
             "notes": self.notes,
             # Sizes as the NPU stores its tensors (blocked formats, TransData copies `T@FORMAT`).
-            **({} if self.formats is None else {"sizes": "device formats"}),
+            **({} if self.formats is None else {"sizes": "device formats",
+                                                  "transdata_copies": self.transdata_copies}),
             # inspect's tables show it beside the work memory, which would read as the whole.
             **({"not_counted": note} if (note := self.bodies_note()) else {}),
         }
@@ -162,11 +163,12 @@ def plan_memory(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
     method, optimal = "original", None
     if reorder:
         chosen = schedule_for_memory(graph, alignment=alignment, inplace=inplace,
-                                     fold_constants=fold_constants, time_budget=time_budget)
+                                     fold_constants=fold_constants, time_budget=time_budget,
+                                     formats=formats)
         schedule, method, optimal = chosen.order, chosen.method, chosen.optimal
     live = liveness(graph, schedule, fold_constants=fold_constants, formats=formats)
     storage = Storage(graph, live.kind, live.nbytes, alignment=alignment, inplace=inplace,
-                      copies=live.copies)
+                      copies=live.copies, device_format=live.device_format)
     assignment = storage.assign(live.schedule)
     buffers = assignment.buffers
     notes = []

@@ -23,12 +23,16 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graphopt.ir import Graph, Model, Node
 from graphopt.passes.memory.aliasing import Storage
 from graphopt.passes.memory.buffers import DEFAULT_ALIGNMENT, lower_bound
-from graphopt.passes.memory.liveness import (check_schedule, classify, main_graph, node_reads,
-                                             outer_producer, tensor_bytes)
+from graphopt.passes.memory.liveness import (check_schedule, classify, liveness, main_graph,
+                                             node_reads, outer_producer, tensor_bytes)
+
+if TYPE_CHECKING:
+    from graphopt.partition.format_bytes import DeviceFormats
 
 
 @dataclass
@@ -110,7 +114,8 @@ class _State:
         self.remaining = list(problem.readers)
         self.indeg = [len(ps) for ps in problem.preds]
         self.ready = {n for n in range(problem.n) if not problem.preds[n]}
-        self.live = 0
+        # A partition input's TransData copy is live from the start (liveness).
+        self.live = sum(problem.size[g] for g in problem.storage.at_start if problem.readers[g])
         self.mask = 0
 
     def alloc(self, n: int) -> int:
@@ -309,7 +314,12 @@ def _exact(problem: _Problem, bound: int, floor: int, deadline: float) -> list[i
     return order
 
 
-def _storage(graph: Graph, alignment: int, inplace: bool, fold_constants: bool) -> Storage:
+def _storage(graph: Graph, alignment: int, inplace: bool, fold_constants: bool,
+             formats: DeviceFormats | None = None) -> Storage:
+    if formats is not None:  # an NPU partition: device sizes and TransData copies
+        live = liveness(graph, fold_constants=fold_constants, formats=formats)
+        return Storage(graph, live.kind, live.nbytes, alignment=alignment, inplace=inplace,
+                       copies=live.copies, device_format=live.device_format)
     kind = classify(graph, fold_constants=fold_constants)
     nbytes = {value: tensor_bytes(value) for value in kind}
     return Storage(graph, kind, nbytes, alignment=alignment, inplace=inplace)
@@ -331,12 +341,13 @@ def schedule_peak(model: Model | Graph, order: Sequence[Node] | None = None, *,
 def schedule_for_memory(model: Model | Graph, *, alignment: int = DEFAULT_ALIGNMENT,
                         inplace: bool = True, fold_constants: bool = True,
                         exact: bool | None = None, exact_limit: int = 40,
-                        time_budget: float = 1.0) -> ScheduleResult:
+                        time_budget: float = 1.0,
+                        formats: DeviceFormats | None = None) -> ScheduleResult:
     """A topological order of the main graph with a low live-bytes peak: the best heuristic,
     improved by the exact search when `exact` (default: when at most `exact_limit` nodes
     allocate arena memory) and it finishes within `time_budget` seconds."""
     graph = main_graph(model)
-    storage = _storage(graph, alignment, inplace, fold_constants)
+    storage = _storage(graph, alignment, inplace, fold_constants, formats)
     problem = _Problem(storage)
     nodes = storage.nodes
     orders: dict[str, list[Node]] = {"original": nodes}
