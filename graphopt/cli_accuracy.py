@@ -6,12 +6,13 @@ import os
 import sys
 
 def print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weights"),
-                    fitted_ranges: bool = True) -> None:
+                    fitted_ranges: bool = True, warnings_only: bool = False) -> None:
     """The accuracy report of the written model against the input (`source`, its proto as read
     before the output overwrote it, when it did), on --verify's inputs, the first calibration
     samples or seeded random data; a failure to run it is a warning, the model is written.
     `changed`: the lossy passes that changed the model (a note says what was fitted to the
-    calibration data only when something was)."""
+    calibration data only when something was). `warnings_only` (-q): its warnings alone, on
+    standard error, and no speed check."""
     from graphopt.errors import GraphoptError
     from graphopt.tools.accuracy import SeededInputsRefused, accuracy_report
 
@@ -37,6 +38,9 @@ def print_accuracy(args, source=None, changed=("QuantizeInt8", "QuantizeInt4Weig
         data = (f"on --inputs {args.inputs}: " if args.inputs else
                 f"on --calibration {calibration}: " if calibration else "")
         print(f"graphopt: warning: no accuracy report: {data}{e}{hint}", file=sys.stderr)
+        return
+    if warnings_only:
+        below_the_rule(args, report)
         return
     print()
     print(report.format())
@@ -116,7 +120,8 @@ def print_speed(args, source, feeds, changed=("QuantizeInt8", "QuantizeInt4Weigh
     else:
         why = ("onnxruntime's CPU provider computes many half-precision ops through casts to "
                "float32; the mode pays off on hardware with half-precision kernels")
-    print(f"warning: {args.output} runs slower than {args.model} on this machine: {why}")
+    print(f"graphopt: warning: {args.output} runs slower than {args.model} on this machine: "
+          f"{why}", file=sys.stderr)
 
 
 def seeded_note(args) -> str:
@@ -140,8 +145,8 @@ def below_the_rule(args, report) -> bool:
     changed = [o for o in report.outputs if o.differ]
     if changed:  # compare and --verify require these equal: a class id that flipped fails
         shown = ", ".join(f"'{o.name}' {o.note}" for o in changed[:5])
-        print(f"warning: output(s) of integers, bools or strings changed, which `graphopt "
-              f"compare` and --verify require equal: {shown}")
+        print(f"graphopt: warning: output(s) of integers, bools or strings changed, which "
+              f"`graphopt compare` and --verify require equal: {shown}", file=sys.stderr)
     low = [o for o in report.outputs if o.cosine is not None and o.cosine < threshold]
     if not low:
         return False
@@ -154,6 +159,6 @@ def below_the_rule(args, report) -> bool:
         hint += f"; {seeded_note(args)}"
     shown = ", ".join(f"'{o.name}' {cosine_text(o.cosine, threshold)}" for o in low[:5])
     more = f", and {len(low) - 5} more (in the table)" if len(low) > 5 else ""
-    print(f"warning: cosine below {exact(threshold)}, the rule `graphopt compare` and --verify "
-          f"judge this compile by: {shown}{more}{hint}")
+    print(f"graphopt: warning: cosine below {exact(threshold)}, the rule `graphopt compare` "
+          f"and --verify judge this compile by: {shown}{more}{hint}", file=sys.stderr)
     return True

@@ -189,7 +189,8 @@ def _optimize(args) -> int:
                             f"{args.output}: no subgraph decisions for this model on {target} "
                             f"at -O{args.level} (`graphopt tune --job subgraph` makes them), "
                             f"and {tilings}")
-    report = bool(pass_options) and not args.no_accuracy_report and not args.quiet
+    # Under -q too: its table is left out, not its warning of a cosine below the rule.
+    report = bool(pass_options) and not args.no_accuracy_report
     source = _overwritten_source(args) if report else None
     in_place = os.path.exists(args.output) and os.path.samefile(args.model, args.output)
     weights_files = data_files(args.model) if in_place else set()
@@ -255,6 +256,13 @@ def _optimize(args) -> int:
         for note in result.notes:
             if note.startswith(UNLOADABLE_NOTE):
                 print(f"graphopt: warning: {note}", file=sys.stderr)
+        if report:  # nor is an output whose accuracy falls below the rule
+            from graphopt.tools.accuracy_rule import lossy_passes
+
+            changed = lossy_passes(result.log.to_json()["passes"])
+            del result, plots
+            collect_dropped()
+            print_accuracy(args, source, changed, warnings_only=True)
     return 0
 
 

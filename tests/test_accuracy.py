@@ -721,27 +721,28 @@ def test_an_output_below_the_rule_gets_a_warning_under_the_report(capsys):
                       OutputAccuracy("aux", (1, 4), "tensor", 0.99995)]
     args = SimpleNamespace(quantize="int8", calibration_method="entropy")
     below_the_rule(args, report)
-    assert capsys.readouterr().out == (
-        "warning: cosine below 0.999, the rule `graphopt compare` and --verify judge this "
-        "compile by: 'logits' 0.959743; another --calibration-method may keep more (minmax "
-        "is the default)\n")
+    # On standard error, as graphopt's other warnings: under -q it is all that is printed.
+    assert capsys.readouterr().err == (
+        "graphopt: warning: cosine below 0.999, the rule `graphopt compare` and --verify judge "
+        "this compile by: 'logits' 0.959743; another --calibration-method may keep more "
+        "(minmax is the default)\n")
     args = SimpleNamespace(quantize="int4", calibration_method=None)
     below_the_rule(args, report)  # 0.98 after int4: 0.96 still fails, 0.99995 passes
-    assert "'logits' 0.959743\n" in capsys.readouterr().out
+    assert "'logits' 0.959743\n" in capsys.readouterr().err
     # Past five, it says how many more the table shows.
     report.outputs = [OutputAccuracy(f"o{i}", (1, 4), "tensor", 0.9) for i in range(7)]
     below_the_rule(args, report)
-    assert "'o4' 0.900000, and 2 more (in the table)\n" in capsys.readouterr().out
+    assert "'o4' 0.900000, and 2 more (in the table)\n" in capsys.readouterr().err
     report.outputs = [OutputAccuracy("aux", (1, 4), "tensor", 0.99995)]
     below_the_rule(args, report)
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr() == ("", "")
     # On seeded random inputs (integers 0 and 1 for a byte model) the figure may say little.
     seeded = AccuracyReport("m.onnx", "m.om", "seeded random (seed 0)")
     seeded.outputs = [OutputAccuracy("label", (1, 10), "classifier", 0.973142)]
     below_the_rule(args, seeded)
     assert "'label' 0.973142; measured on seeded random inputs (standard normal floats, " \
         "integers 0 and 1), unlike a deployment's: --verify --inputs FILE.npz measures on " \
-        "real ones\n" in capsys.readouterr().out
+        "real ones\n" in capsys.readouterr().err
 
 
 def test_a_model_that_fails_on_seeded_inputs_says_whether_their_open_dims_may_be_why():
