@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from graphopt.cli_types import path_text
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.option_names import spelled
 from graphopt.precision_modes import OP_TYPE_ENTRY
 
@@ -222,7 +222,7 @@ def precision_options(args) -> dict:
         raise OptionError("--calibration-percentile applies to --calibration-method percentile "
                           f"(the ranges here come from {args.calibration_method or 'minmax'})")
     if args.calibration_percentile is not None and not 50 < args.calibration_percentile <= 100:
-        raise OptionError(f"--calibration-percentile {args.calibration_percentile}: must be in "
+        raise UsageError(f"--calibration-percentile {args.calibration_percentile}: must be in "
                           "(50, 100] (99.999 clips the top 0.001% of each tensor)")
     keep_nodes, keep_types = _keep_dtype(_comma_list(args.keep_dtype, "--keep-dtype"))
     options = {"precision": args.precision, "quantize": args.quantize,

@@ -46,7 +46,7 @@ def _cmd_targets(args) -> int:
         with command_line():  # as under graphopt.cli.main, whoever runs the command
             target = load_target(args.target)
     except OptionError as e:  # the loader speaks of --target; here the name is an argument
-        raise OptionError(str(e).removeprefix("--target ")) from None
+        raise type(e)(str(e).removeprefix("--target ")) from None
     if args.json:
         print(json.dumps(target_json(target), indent=2))
     else:

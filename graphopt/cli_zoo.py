@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from graphopt.cli_types import path_text
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.output_kind import writes_onnx
 
 
@@ -46,7 +46,7 @@ def _cmd_zoo_build(args) -> int:
         proto = zoo.build(args.name)
     except KeyError:
         names = ", ".join(name for name, _ in zoo.list_models())
-        raise OptionError(f"zoo: unknown model '{args.name}' (known: {names})") from None
+        raise UsageError(f"zoo: unknown model '{args.name}' (known: {names})") from None
     try:
         atomic_write_bytes(args.output, proto.SerializeToString())
     except OSError as e:

@@ -20,7 +20,7 @@ from graphopt.compile_memory import plan_partition_memory
 from graphopt.compile_result import OptimizeResult, file_identity, memory_model_sha256, op_counts
 from graphopt.compile_tuning import record_tuning, tuned_decisions
 from graphopt.compile_verify import verify_outputs
-from graphopt.errors import InputError, OptionError, VerificationError
+from graphopt.errors import InputError, OptionError, UsageError, VerificationError
 from graphopt.input_shapes import (fixed_dims_note, input_shapes_argument, pin_input_shapes,
                                    validate_input_shapes)
 from graphopt.io_types import parse_fp16_inputs, parse_output_type
@@ -85,7 +85,7 @@ def _check_values(options: Options) -> None:
     if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
         raise OptionError(f"{setting('dump_dir', dump_dir)}: exists and is not a directory")
     if dump_format not in DUMP_FORMATS:
-        raise OptionError(f"{setting('dump_format', dump_format)}: unknown format "
+        raise UsageError(f"{setting('dump_format', dump_format)}: unknown format "
                           f"(use {', '.join(DUMP_FORMATS)})")
     if dump_format != "text" and not dump_dir:
         raise OptionError(f"{setting('dump_format', dump_format)} needs "

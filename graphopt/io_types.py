@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.ir import DType, Model, Node, Value
 from graphopt.ir.value import NO_METADATA
 from graphopt.option_names import option
@@ -62,7 +62,7 @@ def parse_output_type(spec) -> dict[str, str]:
             got = f"{given!r}" if given else "no type"
             why = " (a uint8 output needs a quantization scale the model does not state)" \
                 if kind == "UINT8" else ""
-            raise OptionError(f"{option('output_type')} {name or 'every output'}: {got}; "
+            raise UsageError(f"{option('output_type')} {name or 'every output'}: {got}; "
                               f"expected FP16 or FP32{why}")
         if name in chosen:
             what = f"{name!r} named" if name else "a type for every output given"

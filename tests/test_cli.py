@@ -473,10 +473,10 @@ def test_every_command_that_suggests_allow_custom_ops_takes_it(tmp_path, capsys)
 def test_small_mistakes_get_messages_that_say_what_to_do(foldable, tmp_path, capsys):
     rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "x.om", "--disable-pass",
                      "foldconstants")
-    assert rc == 1 and "unknown pass or rule foldconstants (did you mean FoldConstants?" in err
+    assert rc == 2 and "unknown pass or rule foldconstants (did you mean FoldConstants?" in err
     rc, _, err = cli(capsys, "optimize", foldable, "-o", tmp_path / "x.om", "--disable-pass",
                      "FuseConvBN")  # an abbreviation of the rule's name
-    assert rc == 1 and "FuseConvBN (did you mean FuseConvBatchNorm?" in err, err
+    assert rc == 2 and "FuseConvBN (did you mean FuseConvBatchNorm?" in err, err
     rc, _, err = cli(capsys, "optimize", foldable, "-o", "")  # was "-o : is a directory"
     assert rc == 2 and "argument -o/--output: an empty path" in err, err
     (tmp_path / "adir").mkdir()
@@ -1039,7 +1039,9 @@ def test_accuracy_report_compares_with_the_input_as_it_was_when_the_output_overw
     cosine = _accuracy_row(out)[2]
     assert float(cosine) < 0.9999
     rc, out, err = cli(capsys, "optimize", src, "-o", src, "--quantize", "int4")
-    assert rc == 0 and "warning" not in err, err
+    # (The speed check's warning, on standard error too, depends on the machine's load.)
+    warnings = [line for line in err.splitlines() if "runs slower than" not in line]
+    assert rc == 0 and not any("warning" in line for line in warnings), err
     assert f"accuracy vs {src} on" in out and _accuracy_row(out)[2] == cosine
     assert any(n.op_type == "MatMulNBits" for n in onnx.load(src).graph.node)
 

@@ -774,7 +774,7 @@ def test_cli_flags_compile_report_and_refuse(tmp_path, capsys):
     assert rc == 1 and "--quantize int8 needs --calibration" in err
     rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--quantize", "int4",
                          "--int4-group-size", "24")
-    assert rc == 1 and "power of 2 ≥ 16" in err
+    assert rc == 2 and "power of 2 ≥ 16" in err
     rc, _, err = run_cli(capsys, "optimize", src, "-o", out, "--per-tensor")
     assert rc == 1 and "--per-channel/--per-tensor applies to --quantize int8" in err
     # Flags that would change nothing: no report to skip, no name to keep.

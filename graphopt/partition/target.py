@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.frozen_map import FrozenMap
 from graphopt.option_names import option, setting
 from graphopt.partition.target_ort import nchwc_block_size, op_key, ort_cpu_kernels
@@ -155,7 +155,7 @@ def load_target(name_or_path: str | os.PathLike) -> Target:
 
     near = difflib.get_close_matches(text.lower(), builtin_targets(), n=1, cutoff=0.8)
     hint = f"did you mean {near[0]}? " if near else ""
-    raise OptionError(f"{setting('target', text)}: unknown target ({hint}built-in: "
+    raise UsageError(f"{setting('target', text)}: unknown target ({hint}built-in: "
                       f"{', '.join(builtin_targets())}; or give a profile .json file)")
 
 

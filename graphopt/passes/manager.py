@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from graphopt.errors import GraphoptError, OptionError, PassError
+from graphopt.errors import GraphoptError, PassError, UsageError
 from graphopt.ir import Model
 from graphopt.ir.collector import collection_paused, heap_frozen
 from graphopt.option_names import option
@@ -62,7 +62,7 @@ def check_pass_names(names, what: str) -> None:
     unknown = sorted(set(names) - set(PASSES) - set(RULES))
     if unknown:
         hint = did_you_mean(unknown, (*PASSES, *RULES))
-        raise OptionError(f"{what}: unknown pass or rule {', '.join(unknown)} ({hint}passes: "
+        raise UsageError(f"{what}: unknown pass or rule {', '.join(unknown)} ({hint}passes: "
                           f"{', '.join(sorted(PASSES))}; `graphopt passes` lists the rules)")
 
 

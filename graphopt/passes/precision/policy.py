@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 
 from graphopt.codegen.om_manifest import dtype_name
-from graphopt.errors import OptionError, PassError
+from graphopt.errors import OptionError, PassError, UsageError
 from graphopt.ir import DType, Node
 from graphopt.ir.onnx_export import anonymous_node
 from graphopt.opcheck import expandable
@@ -112,7 +112,7 @@ def check_options(options) -> None:
                           f"{usage('precision', 'fp16|bf16|mixed-fp16|mixed-bf16')}")
     size = options.int4_group_size
     if not isinstance(size, int) or size < 16 or size & (size - 1):
-        raise OptionError(f"{setting('int4_group_size', size)}: must be a power of 2 ≥ 16 "
+        raise UsageError(f"{setting('int4_group_size', size)}: must be a power of 2 ≥ 16 "
                           "(onnxruntime's MatMulNBits block sizes: 16, 32, 64, 128, …)")
     defaults = type(options)()
     for scheme, names in (("int8", ("calibration_method", "calibration_percentile",
@@ -126,7 +126,7 @@ def check_options(options) -> None:
             if getattr(options, name) != getattr(defaults, name):
                 raise OptionError(f"{option(name)} applies to {setting('quantize', scheme)}")
     if options.int4_method not in INT4_METHODS:
-        raise OptionError(f"{setting('int4_method', options.int4_method)}: unknown (use "
+        raise UsageError(f"{setting('int4_method', options.int4_method)}: unknown (use "
                           f"{', '.join(INT4_METHODS)})")
     if options.quantize == "int4" and options.int4_method == "gptq" and not options.calibration:
         raise OptionError(f"{setting('int4_method', 'gptq')} needs "
@@ -134,7 +134,7 @@ def check_options(options) -> None:
                           "rounding by the inputs the layer sees")
     level = options.int4_accuracy_level
     if not isinstance(level, int) or not 0 <= level <= 4:
-        raise OptionError(f"{setting('int4_accuracy_level', level)}: must be 0 (float activations), "
+        raise UsageError(f"{setting('int4_accuracy_level', level)}: must be 0 (float activations), "
                           "1 (fp32), 2 (fp16), 3 (bf16) or 4 (int8)")
     asked = {"ConvertPrecision": setting("precision", options.precision)} \
         if options.precision != "keep" else {}
