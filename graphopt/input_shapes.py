@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from graphopt.api_args import is_integer, mapping
@@ -16,6 +17,10 @@ if TYPE_CHECKING:  # `run --input-shape` pins an .om's signature: no IR, no onnx
 MAX_DIM = 2 ** 63 - 1  # an ONNX dim is an int64
 
 
+_TRTEXEC_SEPARATOR = re.compile(r"(:\s*-?\d+(?:\s*,\s*-?\d+)*)\s*,\s*(?=[A-Za-z_])")
+_CROSSED_DIMS = re.compile(r"\s*-?\d+(?:\s*[xX]\s*-?\d+)+\s*")
+
+
 def parse_input_shapes(text: str) -> dict[str, list[int]]:
     """`name:d0,d1,…` entries separated by ';' (a name may itself contain ':'; the last one
     splits). -1 keeps a dim dynamic."""
@@ -26,11 +31,22 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
         if not sep or not name:
             raise OptionError(f"{option('input_shapes')}: '{entry}' is not NAME:D0,D1,… (e.g. "
                               f"input:1,3,224,224)")
+        # trtexec's spelling: inputs parted by commas ("ids:1,128,mask:1,128"), which would
+        # read as one input named "ids:1,128,mask".
+        if _TRTEXEC_SEPARATOR.search(name):
+            meant = _TRTEXEC_SEPARATOR.sub(r"\1;", entry)
+            raise OptionError(f"{option('input_shapes')}: '{entry}': inputs are separated by "
+                              f"';', as in '{meant}'")
         try:
             values = [int(d) for d in dims.split(",")] if dims.strip() else []
         except ValueError:
+            # trtexec's and onnxruntime's tools write dims as 1x3x224x224.
+            crossed = _CROSSED_DIMS.fullmatch(dims)
+            hint = (f" (dims are separated by commas: "
+                    f"{name}:{','.join(re.split(r'[xX]', dims.replace(' ', '')))})"
+                    if crossed else "")
             raise OptionError(f"{option('input_shapes')}: '{entry}': dims must be integers, got "
-                              f"'{dims}'") from None
+                              f"'{dims}'{hint}") from None
         if name in shapes:
             raise OptionError(f"{option('input_shapes')}: input '{name}' is given twice")
         shapes[name] = values

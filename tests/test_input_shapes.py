@@ -315,3 +315,19 @@ def test_a_range_onnxruntime_refuses_once_pinned_is_named_as_such(tmp_path, caps
     rc, _, err = run_cli(capsys, "optimize", tmp_path / "m.onnx", "-o", tmp_path / "o.onnx",
                          "-O2", "--input-shape", "x:5,3")
     assert rc == 0, err
+
+
+def test_trtexec_spellings_of_shapes_get_the_atc_spelling_back():
+    # trtexec and onnxruntime's tools write 1x3x224x224 and part inputs by commas: "dims must
+    # be integers" and "the model has no input 'ids:1,128,mask'" said nothing of either.
+    from graphopt.errors import OptionError
+    from graphopt.input_shapes import parse_input_shapes
+
+    with pytest.raises(OptionError, match=r"dims must be integers, got '1x3x224x224' \(dims "
+                                          r"are separated by commas: x:1,3,224,224\)"):
+        parse_input_shapes("x:1x3x224x224")
+    with pytest.raises(OptionError, match="inputs are separated by ';', as in "
+                                          "'ids:1,128;mask:1,128;tok:1,128'"):
+        parse_input_shapes("ids:1,128,mask:1,128,tok:1,128")
+    # A TensorFlow export's tensor name keeps its ':0'.
+    assert parse_input_shapes("input:0:1,3,8,8") == {"input:0": [1, 3, 8, 8]}
