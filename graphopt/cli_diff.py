@@ -15,7 +15,7 @@ EXAMPLES = """examples:
   graphopt diff model.onnx model.opt.onnx
   graphopt optimize model.onnx -o out.onnx --dump-dir dump --dump-format onnx
   ls dump                           # one file per pass run, numbered in order
-  graphopt diff dump/023_SimplifySlicing.onnx dump/024_FuseConvBatchNorm.onnx
+  graphopt diff dump/019_SimplifySlicing.onnx dump/020_FuseConvBatchNorm.onnx  # two from ls
   graphopt diff model.onnx --pass FuseConvBatchNorm
   graphopt diff model.onnx --pass FoldConstants --all-runs -O3 --json
   graphopt diff model.onnx --pass QuantizeInt8 --quantize int8 --calibration calib.npz

@@ -13,9 +13,20 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     380 characters on one line)."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        if "\n" in text.strip():
-            return super()._fill_text(text, width, indent)
-        return argparse.HelpFormatter._fill_text(self, text, width, indent)
+        if "\n" not in text.strip():
+            return argparse.HelpFormatter._fill_text(self, text, width, indent)
+        # Paragraphs of prose (no line indented, no `label:` heading) are filled to the
+        # terminal; example blocks (indented lines, a heading such as `examples:`) are kept.
+        blocks = []
+        for block in re.split(r"\n\s*\n", text.strip("\n")):
+            lines = block.splitlines()
+            prose = all(line and not line[0].isspace() for line in lines) and \
+                not lines[0].rstrip().endswith(":")
+            if prose:
+                blocks.append(argparse.HelpFormatter._fill_text(self, block, width, indent))
+            else:
+                blocks.append(super()._fill_text(block, width, indent))
+        return "\n\n".join(blocks) + ("\n" if text.endswith("\n") else "")
 
 
 class CommandsHelpFormatter(HelpFormatter):
