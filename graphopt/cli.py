@@ -279,9 +279,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         hints += _source_edit_hints(command, extra)
         hints += _before_command_hints(command, extra,
                                        sys.argv[1:] if argv is None else argv, args.command)
+        hints += _other_meaning_hints(args.command, extra)
         command.error(f"unrecognized arguments: {' '.join(extra)}"
                       + (f" ({'; '.join(hints)})" if hints else ""))
     return args
+
+
+def _other_meaning_hints(name: str, extra: list[str]) -> list[str]:
+    """Words that mean something else here than where they came from: ATC and AMCT users'
+    calibration is INT8's, and optimize's -o is run's --outputs."""
+    if name == "calibrate" and any(text.lower().endswith((".onnx", ".npz")) for text in extra):
+        return ["graphopt calibrate measures the CPU cost model's constants on this machine and "
+                "takes no model; INT8 calibration is graphopt optimize MODEL -o OUT --quantize "
+                "int8 --calibration DATA.npz"]
+    if name == "run" and any(text == "-o" or text.startswith("-o") for text in extra):
+        return ["run writes the outputs with --outputs FILE.npz"]
+    return []
 
 
 def _before_command_hints(command, extra: list[str], given: list[str], name) -> list[str]:

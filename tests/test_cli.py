@@ -1388,3 +1388,15 @@ def test_a_repeated_input_shape_adds_its_pins_and_an_input_pinned_twice_is_refus
               "--input-shape", "a:2,4"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--input-shape: input 'a' is given twice" in err, err
+
+
+def test_words_that_mean_something_else_here_say_what_to_use(tmp_path, capsys):
+    # An ATC/AMCT user's "calibrate" is INT8's, and optimize's -o is run's --outputs.
+    for argv, hint in ((["calibrate", "model.onnx"], "INT8 calibration is graphopt optimize "
+                        "MODEL -o OUT --quantize int8 --calibration DATA.npz"),
+                       (["run", "model.om", "-o", "y.npz"],
+                        "run writes the outputs with --outputs FILE.npz")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and hint in err, err
