@@ -158,8 +158,8 @@ def add_precision_args(p, report: bool = True, scope: str = "") -> None:
                         "to keep the layer's outputs on the --calibration inputs (slower)")
     g.add_argument("--int4-accuracy-level", type=int, metavar="L",
                    help="int4: what MatMulNBits computes in: 0 float activations (default), "
-                        "4 activations quantized to int8 on the fly (faster token-by-token "
-                        "decoding on the CPU, slightly less accurate)")
+                        "1 fp32, 2 fp16, 3 bf16, 4 activations quantized to int8 on the fly "
+                        "(faster token-by-token decoding on the CPU, slightly less accurate)")
     if report:
         g.add_argument("--no-accuracy-report", action="store_true",
                        help="skip the accuracy report printed after a converted or quantized "

@@ -47,11 +47,11 @@ def add_profile_parser(sub) -> None:
                         "`graphopt run` takes them)")
     p.add_argument("--repeat", type=run_count, default=DEFAULT_REPEAT, metavar="N",
                    help=f"profiled runs (default {DEFAULT_REPEAT})")
-    p.add_argument("--warmup", type=warmup_count, default=DEFAULT_WARMUP, metavar="W",
+    p.add_argument("--warmup", type=warmup_count, default=DEFAULT_WARMUP, metavar="N",
                    help=f"untimed runs first, left out of the profile (default {DEFAULT_WARMUP}; "
                         "the first run checks the outputs and is left out even at 0)")
-    p.add_argument("--threads", type=thread_count, metavar="T",
-                   help="onnxruntime intra-op threads (default: onnxruntime chooses, as "
+    p.add_argument("--threads", type=thread_count, metavar="N",
+                   help="onnxruntime intra-op threads (default, or 0: onnxruntime chooses, as "
                         "`graphopt run` does)")
     p.add_argument("--level", metavar="LEVEL", choices=LEVELS,
                    help=f"onnxruntime optimization level: {', '.join(LEVELS)} (default: for an "

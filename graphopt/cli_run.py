@@ -57,8 +57,8 @@ def add_run_parser(sub) -> None:
                    help=f"untimed runs before the timed ones (default {DEFAULT_WARMUP}; "
                         "needs --repeat)")
     p.add_argument("--threads", type=thread_count, metavar="N",
-                   help="onnxruntime intra-op threads per partition (default: onnxruntime "
-                        "chooses, usually one per core)")
+                   help="onnxruntime intra-op threads per partition (default, or 0: "
+                        "onnxruntime chooses, usually one per core)")
     p.add_argument("--seed", type=non_negative_int, metavar="N",
                    help="seed for the random inputs used without --inputs (default 0)")
     p.add_argument("--input-shape", type=input_shapes, action=JoinedShapes, metavar="SHAPES",
