@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -22,8 +23,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             lines = block.splitlines()
             prose = all(line and not line[0].isspace() for line in lines) and \
                 not lines[0].rstrip().endswith(":")
-            if prose:
-                blocks.append(argparse.HelpFormatter._fill_text(self, block, width, indent))
+            if prose:  # not at a flag's hyphen: `--input-` / `shape` reads as two words
+                text_ = self._whitespace_matcher.sub(" ", block).strip()
+                blocks.append(textwrap.fill(text_, width, initial_indent=indent,
+                                            subsequent_indent=indent, break_on_hyphens=False))
             else:
                 blocks.append(super()._fill_text(block, width, indent))
         return "\n\n".join(blocks) + ("\n" if text.endswith("\n") else "")

@@ -17,8 +17,18 @@ if TYPE_CHECKING:  # `run --input-shape` pins an .om's signature: no IR, no onnx
 MAX_DIM = 2 ** 63 - 1  # an ONNX dim is an int64
 
 
-_TRTEXEC_SEPARATOR = re.compile(r"(:\s*-?\d+(?:\s*,\s*-?\d+)*)\s*,\s*(?=[A-Za-z_])")
+# trtexec's spellings: dims crossed (1x3x224x224), as onnxruntime's tools write them too, and
+# inputs parted by commas ("ids:1,128,mask:1,128"), which read as one input "ids:1,128,mask".
+_DIMS = r"-?\d+(?:\s*[,xX]\s*-?\d+)*"
+_TRTEXEC_SEPARATOR = re.compile(rf"(:\s*{_DIMS})\s*,\s*(?=[A-Za-z_])")
 _CROSSED_DIMS = re.compile(r"\s*-?\d+(?:\s*[xX]\s*-?\d+)+\s*")
+
+
+def _atc_spelling(entry: str) -> str:
+    """A trtexec-spelled entry in the ATC spelling graphopt reads: "a:2x8,b:2x4" → "a:2,8;b:2,4"."""
+    parted = _TRTEXEC_SEPARATOR.sub(r"\1;", entry)
+    return re.sub(rf":\s*({_DIMS})(?=;|$)",
+                  lambda m: ":" + re.sub(r"\s*[xX,]\s*", ",", m.group(1)), parted)
 
 
 def parse_input_shapes(text: str) -> dict[str, list[int]]:
@@ -34,17 +44,13 @@ def parse_input_shapes(text: str) -> dict[str, list[int]]:
         # trtexec's spelling: inputs parted by commas ("ids:1,128,mask:1,128"), which would
         # read as one input named "ids:1,128,mask".
         if _TRTEXEC_SEPARATOR.search(name):
-            meant = _TRTEXEC_SEPARATOR.sub(r"\1;", entry)
             raise OptionError(f"{option('input_shapes')}: '{entry}': inputs are separated by "
-                              f"';', as in '{meant}'")
+                              f"';', as in '{_atc_spelling(entry)}'")
         try:
             values = [int(d) for d in dims.split(",")] if dims.strip() else []
         except ValueError:
-            # trtexec's and onnxruntime's tools write dims as 1x3x224x224.
-            crossed = _CROSSED_DIMS.fullmatch(dims)
-            hint = (f" (dims are separated by commas: "
-                    f"{name}:{','.join(re.split(r'[xX]', dims.replace(' ', '')))})"
-                    if crossed else "")
+            hint = (f" (dims are separated by commas: {_atc_spelling(entry)})"
+                    if _CROSSED_DIMS.fullmatch(dims) else "")
             raise OptionError(f"{option('input_shapes')}: '{entry}': dims must be integers, got "
                               f"'{dims}'{hint}") from None
         if name in shapes:

@@ -797,7 +797,7 @@ def test_an_integer_output_says_how_many_elements_differ(tmp_path, capsys):
     assert (same.differ, same.note) == (0, "all elements equal")
     below_the_rule(SimpleNamespace(quantize="int8", calibration_method=None), report)
     assert "changed, which `graphopt compare` and --verify require equal: 'cls' 1 of 1 " \
-           "element(s) differ" in capsys.readouterr().out
+           "element(s) differ" in capsys.readouterr().err
 
 
 def test_a_reference_quantized_already_says_part_of_the_gap_may_be_its_own():

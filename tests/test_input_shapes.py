@@ -329,5 +329,8 @@ def test_trtexec_spellings_of_shapes_get_the_atc_spelling_back():
     with pytest.raises(OptionError, match="inputs are separated by ';', as in "
                                           "'ids:1,128;mask:1,128;tok:1,128'"):
         parse_input_shapes("ids:1,128,mask:1,128,tok:1,128")
+    # trtexec's --shapes itself: both at once.
+    with pytest.raises(OptionError, match="as in 'a:2,8;b:2,4'"):
+        parse_input_shapes("a:2x8,b:2x4")
     # A TensorFlow export's tensor name keeps its ':0'.
     assert parse_input_shapes("input:0:1,3,8,8") == {"input:0": [1, 3, 8, 8]}

@@ -59,10 +59,12 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
     graph.node.extend(_node_proto(n) for n in nodes)
     arrays_in = {}
     for name, tensor in feeds.items():
-        if tensor.nbytes >= _FED_BYTES and tensor.dtype in _FEEDABLE:
+        array = tensor.numpy() if tensor.nbytes >= _FED_BYTES and tensor.dtype in _FEEDABLE \
+            else None
+        if array is not None and array.dtype.isnative:  # onnxruntime reads native order only
             graph.input.append(helper.make_tensor_value_info(name, int(tensor.dtype),
                                                              list(tensor.shape)))
-            arrays_in[name] = tensor.numpy()
+            arrays_in[name] = array
         else:
             graph.initializer.append(tensor.to_proto(name))
     fetch_names, casts = [], {}
@@ -75,11 +77,12 @@ def evaluate(model: Model, nodes: list[Node], feeds: dict[str, Tensor], wanted: 
             casts[name] = value.dtype
         fetch_names.append(name)
         graph.output.append(helper.make_empty_tensor_value_info(name))
-    proto = helper.make_model(graph, ir_version=model.ir_version, opset_imports=[
-        helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()])
     if model.ir_version < 4:  # initializers had to be graph inputs before IR 4
         graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims)
                            for t in graph.initializer)
+    # (make_model copies the graph: edits to `graph` after it would not reach the session.)
+    proto = helper.make_model(graph, ir_version=model.ir_version, opset_imports=[
+        helper.make_opsetid(domain, version) for domain, version in model.opset_imports.items()])
     try:
         session = numerics.session(proto)
     except Exception as e:  # noqa: BLE001 - any ORT failure means "cannot fold this way"

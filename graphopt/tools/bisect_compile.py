@@ -139,8 +139,9 @@ def compile_prefix(setup: Setup, limit: int | None, stop_after: int | None = Non
         # After the passes ran, an InputError is optimize's final check that onnxruntime
         # loads (and can run) the result: a rewrite gone wrong, which is what bisect looks
         # for (a LayerNormalization given axis 7 had ended the search with that error). Its
-        # evaluation runs the model and counts the refusal as broken outputs.
-        if not tracker.runs or tracker.model is None:
+        # evaluation runs the model and counts the refusal as broken outputs. Refused with no
+        # rewrite allowed, the fault is the model's or its pins', which the error names.
+        if not tracker.runs or tracker.model is None or limit == 0:
             raise
     return Compiled(tracker.model, gate.calls, tracker.runs, tracker.pipeline, limit, stopped)
 

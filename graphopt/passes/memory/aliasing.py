@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from graphopt.ir import Graph, Node, Value
 from graphopt.passes.memory.buffers import Buffer, align_up
-from graphopt.passes.memory.liveness import ARENA, node_reads
+from graphopt.passes.memory.liveness import ARENA, Copy, node_reads, served_by_copies
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 
@@ -99,7 +99,7 @@ class Storage:
 
     def __init__(self, graph: Graph, kind: dict[Value, str], nbytes: dict[Value, int], *,
                  alignment: int, inplace: bool = True,
-                 copies: Mapping[Value, tuple[list[Node], list[Node]]] | None = None,
+                 copies: Mapping[Value, Copy] | None = None,
                  device_format: Mapping[Value, str] | None = None):
         self.graph, self.kind, self.alignment = graph, kind, alignment
         self.nodes = graph.nodes()
@@ -151,15 +151,29 @@ class Storage:
         # TransData copies (liveness): written by their tensor's producer, or, a partition
         # input's, as the partition starts.
         self.at_start: list[int] = []
-        for copy, (writers, readers) in (copies or {}).items():
+        for copy, made in (copies or {}).items():
             g = self.group_of[copy].id
-            for node in writers:
+            for node in made.writers:
                 self.defines[self.index[node]] += (g,)
-            if not writers:
+            if not made.writers:
                 self.at_start.append(g)
-            for node in readers:
+            for node in made.readers:
                 self.reads[self.index[node]] += (g,)
                 self.readers[g] += 1
+        # A reader served by a copy reads the copy, not the original: the original's group
+        # dies once its copies are written (it may take no reader's place in place either).
+        for original, served in served_by_copies(dict(copies or {}), kind).items():
+            g = self.group_of[original].id
+            for node in served:
+                n = self.index[node]
+                others = [v for v in node_reads(node)
+                          if v is not original and self.group_of.get(v) is self.groups[g]]
+                if g in self.reads[n] and not others:
+                    self.reads[n] = tuple(x for x in self.reads[n] if x != g)
+                    self.readers[g] -= 1
+                self.candidates[n] = [(out, [(i, x) for i, x in ins if x is not original])
+                                      for out, ins in self.candidates[n]]
+                self.candidates[n] = [(out, ins) for out, ins in self.candidates[n] if ins]
 
     def _new_group(self, value: Value, nbytes: dict[Value, int]) -> None:
         group = Group(len(self.groups), value, self.kind[value], nbytes[value], [value])

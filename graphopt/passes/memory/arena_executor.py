@@ -137,6 +137,10 @@ def check_plan(model: Model, plan: Plan, feeds: dict[str, np.ndarray] | None = N
     magnitude). Then the outputs must also match, within 1e-4 / 1e-5,
     the same nodes run with no tensor sharing bytes with another: the looser bounds alone let
     a clobbered fp16 MobileNet through (off by 1.3e-3 of its largest logit)."""
+    if plan.formats is not None:  # sizes and TransData copies of an NPU's formats
+        raise MemoryPlanError("arena executor: the plan is sized in an NPU's device formats, "
+                              "which onnxruntime's ND kernels cannot run in; check the ND plan "
+                              "of the same partition, plan_memory(model)")
     proto = to_onnx(model)
     if feeds is None:
         feeds = numerics.random_feeds(proto, seed=seed)

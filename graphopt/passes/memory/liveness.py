@@ -199,6 +199,17 @@ def outer_producer(value: Value, graph: Graph) -> Node | None:
     return node
 
 
+@dataclass(frozen=True)
+class Copy:
+    """A TransData's copy of `original` in another device format (a value of no graph): the
+    node that writes it (none: a partition input's, written as the partition starts) and the
+    nodes that read it. An arena original read through copies dies once they are written."""
+
+    original: Value
+    writers: list[Node]
+    readers: list[Node]
+
+
 @dataclass
 class Liveness:
     """Lifetimes of a graph's values over one schedule."""
@@ -210,8 +221,8 @@ class Liveness:
     first: dict[Value, int]       # node outputs only (and TransData copies)
     last: dict[Value, int]
     step: dict[Node, int]
-    # TransData copies, values of no graph: the nodes that write each and those that read it
-    copies: dict[Value, tuple[list[Node], list[Node]]] = field(default_factory=dict)
+    # TransData copies, values of no graph, by copy
+    copies: dict[Value, Copy] = field(default_factory=dict)
     # The device format of each value stored in one (ND where absent): no view or in-place
     # handover joins two formats, whose bytes mean different elements
     device_format: dict[Value, str] = field(default_factory=dict)
@@ -249,16 +260,34 @@ def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
     copies = _device_formats(graph, kind, sizes, formats) if formats is not None else {}
     stored = {v: formats.stored[v.name] for v in kind if v.name in formats.stored} \
         if formats is not None else {}
-    for copy, (writers, readers) in copies.items():
+    for copy, made in copies.items():
         kind[copy] = ARENA
-        first[copy] = step[writers[0]] if writers else 0
-        last[copy] = max([step[n] for n in readers], default=first[copy])
+        first[copy] = step[made.writers[0]] if made.writers else 0
+        last[copy] = max([step[n] for n in made.readers], default=first[copy])
+    served = served_by_copies(copies, kind)
+    if served:  # an original read through copies lives to its other readers only
+        for original in served:
+            last[original] = first[original]
+        for i, node in enumerate(order):
+            for value in node_reads(node):
+                if value in served and node not in served[value]:
+                    last[value] = max(last[value], i)
     first = {v: first[v] for v in sorted(first, key=first.__getitem__)}
     return Liveness(graph, order, kind, sizes, first, last, step, copies, stored)
 
 
+def served_by_copies(copies: dict[Value, Copy], kind: dict[Value, str]
+                     ) -> dict[Value, set[Node]]:
+    """The readers of each arena tensor that read a copy of it instead (its TransData's)."""
+    served: dict[Value, set[Node]] = {}
+    for made in copies.values():
+        if kind.get(made.original) == ARENA and made.writers:
+            served.setdefault(made.original, set()).update(made.readers)
+    return served
+
+
 def _device_formats(graph: Graph, kind: dict[Value, str], sizes: dict[Value, int],
-                    formats: DeviceFormats) -> dict[Value, tuple[list[Node], list[Node]]]:
+                    formats: DeviceFormats) -> dict[Value, Copy]:
     """Size the arena tensors and weights `formats` stores blocked at their padded bytes (in
     `sizes`); return the TransData copies as values of their own, with the node that writes
     each (its tensor's producer; none for a partition input's, converted as the partition
@@ -286,7 +315,7 @@ def _device_formats(graph: Graph, kind: dict[Value, str], sizes: dict[Value, int
             value = producer.inputs[0]
         if kind.get(value) == WEIGHT and value.static_shape is not None:
             sizes[value] = format_nbytes(fmt, value.static_shape, value.dtype, group)
-    copies: dict[Value, tuple[list[Node], list[Node]]] = {}
+    copies: dict[Value, Copy] = {}
     for name, have, want, labels in formats.conversions:
         value = by_name.get(name)
         if value is None or value.static_shape is None or value.dtype is None:
@@ -308,5 +337,5 @@ def _device_formats(graph: Graph, kind: dict[Value, str], sizes: dict[Value, int
         for fmt, read_by in wanted:
             copy = Value(f"{name}@{fmt}", value.dtype, value.shape)
             sizes[copy] = format_nbytes(fmt, value.static_shape, value.dtype)
-            copies[copy] = (writers, read_by)
+            copies[copy] = Copy(value, writers, read_by)
     return copies
