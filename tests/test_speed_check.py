@@ -129,12 +129,13 @@ def test_a_slower_compile_is_blamed_on_the_precision_pass_only_where_it_changed_
     monkeypatch.setattr(module, "speed_check", lambda *a, **k: SpeedCheck(1e-3, 2e-3, 25))
     args = type("Args", (), {"output": "q.onnx", "model": "m.onnx", "quantize": "int4"})()
     cli_accuracy.print_speed(args, "m.onnx", {}, ["QuantizeInt4Weights"])
-    assert "4-bit weights save memory" in capsys.readouterr().out
+    # The speed line on standard output, its warning on standard error.
+    assert "4-bit weights save memory" in capsys.readouterr().err
     cli_accuracy.print_speed(args, "m.onnx", {}, [])
-    out = capsys.readouterr().out
-    assert "4-bit" not in out and "no precision pass changed the model" in out
+    err = capsys.readouterr().err
+    assert "4-bit" not in err and "no precision pass changed the model" in err
     cli_accuracy.print_speed(args, "m.onnx", {}, ["ConvertPrecision"])  # int4 with fp16: fp16's doing
-    assert "half-precision ops through casts" in capsys.readouterr().out
+    assert "half-precision ops through casts" in capsys.readouterr().err
 
 
 def test_the_int8_slowdown_advice_leaves_out_a_flag_already_given(capsys, monkeypatch):
@@ -146,9 +147,10 @@ def test_the_int8_slowdown_advice_leaves_out_a_flag_already_given(capsys, monkey
         args = type("Args", (), {"output": "q.onnx", "model": "m.onnx", "quantize": "int8",
                                  "quantize_ends": given})()
         cli_accuracy.print_speed(args, "m.onnx", {}, ["QuantizeInt8"])
-        out = capsys.readouterr().out
-        assert "--quant-skip keeps more layers float" in out
-        assert ("--quantize-ends quantizes" in out) == advised
+        err = capsys.readouterr().err
+        assert err.startswith("graphopt: warning: q.onnx runs slower than m.onnx")
+        assert "--quant-skip keeps more layers float" in err
+        assert ("--quantize-ends quantizes" in err) == advised
 
 
 def test_a_model_returning_float8_gets_its_speed_line(tmp_path, capsys):
