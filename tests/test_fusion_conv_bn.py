@@ -619,3 +619,38 @@ def test_crops_that_do_not_fold_stay(slice_args, attrs, why):
     model, result, report = _fuse(proto, trace="ConvCropPads")
     assert "ConvCropPads" not in result.stats
     assert any(why in line for line in report), report
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_float16_pair_left_unfolded_stays_so_in_the_oms_session(level, tmp_path):
+    # FuseConvBatchNorm declines a float16 fold whose weights would pass 65504 (and -O1 folds
+    # none), but the .om's session at "all" ran onnxruntime's ConvBNFusion, which folds in
+    # float16: every output NaN, where the unfolded pair gives values up to 185.
+    from onnx import TensorProto, helper
+
+    from graphopt.codegen import OmSession
+
+    rng = np.random.default_rng(1)
+    channels = 4
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "g", "b", "mu", "var"], ["bn"],
+                          epsilon=1e-5),
+         helper.make_node("Mul", ["bn", "small"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, channels, 8, 8])],
+        [numpy_helper.from_array((rng.standard_normal((channels, 3, 3, 3)) * 50)
+                                 .astype(np.float16), "W"),
+         numpy_helper.from_array(np.full(channels, 2000.0, np.float16), "g"),
+         numpy_helper.from_array(np.zeros(channels, np.float16), "b"),
+         numpy_helper.from_array(np.zeros(channels, np.float16), "mu"),
+         numpy_helper.from_array(np.full(channels, 0.5, np.float16), "var"),
+         numpy_helper.from_array(np.array(1e-4, np.float16), "small")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    result = graphopt.optimize(proto, level=level)
+    graphopt.save(result, tmp_path / "m.om")
+    x = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float16)}
+    expected = numerics.run(proto, x)["y"].astype(np.float32)
+    actual = OmSession(tmp_path / "m.om").run(x)["y"].astype(np.float32)
+    assert np.isfinite(expected).all() and np.isfinite(actual).all()
+    np.testing.assert_allclose(actual, expected, rtol=2e-3, atol=2e-3 * np.abs(expected).max())

@@ -8,7 +8,7 @@ from onnx import ModelProto
 
 from graphopt.codegen.om_write import OmPartition
 from graphopt.codegen.prepacking import prepacking_pays
-from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.ir import DType, Model, load_onnx, to_onnx
 from graphopt.ir.onnx_export import node_to_proto, value_info
 from graphopt.ir.tensor import Tensor, referenced, tensor_copies, tensor_references
 from graphopt.numerics import optimized_by_onnxruntime
@@ -106,7 +106,8 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
     when a float Conv/ConvTranspose/Gemm reads dequantized data, MatmulTransposeFusion when a
     MatMul of a transposed A reads a 1-D B, the norm fusions where a Pow's exponent or an
     epsilon is one they would misread (_misfused_norm_part), QDQPropagationTransformer for an
-    int8 activation at opset 21 or later (_signed_quantize_at_21), and SkipLayerNormFusion where a
+    int8 activation at opset 21 or later (_signed_quantize_at_21), ConvBNFusion for a 16-bit
+    float Conv -> BatchNormalization (_half_conv_batchnorm), and SkipLayerNormFusion where a
     partition at
     "extended" or above (a fused float one, Q/DQ, convs left for onnxruntime to block, a
     compile for no target) has an Add + LayerNormalization it would fuse: a wav2vec2 export's
@@ -133,6 +134,8 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
         elif node.op_type == "MatMul" and node.is_onnx and _transposed_times_vector(node) \
                 and _TRANSPOSE_FOLDER not in found:
             found.append(_TRANSPOSE_FOLDER)
+        elif level != "disable" and _CONV_BN_FUSER not in found and _half_conv_batchnorm(node):
+            found.append(_CONV_BN_FUSER)
         elif level != "disable" and _DIV_MUL_FUSER not in found and (
                 _widening_numerator(node) or _widening_numerator_in_call(node, functions)):
             found.append(_DIV_MUL_FUSER)
@@ -167,6 +170,22 @@ def _signed_quantize_at_21(model: Model) -> bool:
 # constant 1 of shape [1, 1, 1] adds: the partition returned [3, 8] for a declared [1, 3, 8],
 # and the .om did not load.
 _DIV_MUL_FUSER = "DivMulFusion"
+
+# onnxruntime's ConvBNFusion folds a float16 BatchNormalization into its Conv in float16: a
+# weight the scale takes past 65504, or a var + epsilon that float16 rounds to 0, makes inf/NaN
+# where the unfolded pair (and FuseConvBatchNorm, which declines such a fold) computes finite
+# values.
+_CONV_BN_FUSER = "ConvBNFusion"
+
+
+def _half_conv_batchnorm(node) -> bool:
+    """A BatchNormalization of a float16 or bfloat16 Conv's (or ConvTranspose's) output."""
+    if node.op_type != "BatchNormalization" or not node.is_onnx or not node.inputs \
+            or node.inputs[0] is None:
+        return False
+    producer = node.inputs[0].producer
+    return producer is not None and producer.op_type in ("Conv", "ConvTranspose") \
+        and node.inputs[0].dtype in (DType.FLOAT16, DType.BFLOAT16)
 
 
 def _widening_numerator(node) -> bool:
