@@ -13,7 +13,7 @@ from graphopt import numerics
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.option_names import option, setting
 from graphopt.passes import Options
-from graphopt.rounding import unstable_selection_hint, within_rounding
+from graphopt.rounding import unstable_selection_hint, within_half_precision, within_rounding
 from graphopt.source_marks import frames_hint, inserted_preprocessing
 
 
@@ -241,7 +241,8 @@ def _beyond_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
     failing = [name for name, reference in expected.items()
                if numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
                                    judge["atol"])]
-    note = within_rounding(original, feeds, expected, actual, failing, judge)
+    note = within_half_precision(original, expected, actual, failing) \
+        or within_rounding(original, feeds, expected, actual, failing, judge)
     if note is None:
         return problems
     notes.append(note)

@@ -1,13 +1,16 @@
 """The rounding allowances of --verify and compare judge a detector's output slice by slice
 along axis 1: class scores (up to 0.006) beside box coordinates (up to 545) are held to their
-own scale, so an error the coordinates' rounding would excuse is not excused on the scores."""
+own scale, so an error the coordinates' rounding would excuse is not excused on the scores. An
+output the original computes in 16-bit floats is judged at that type's precision."""
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
+from helpers import parse_model, run_cli
 
-from graphopt import rounding
+from graphopt import numerics, rounding
 
 JUDGE = {"rtol": 1e-4, "atol": 1e-5, "min_cosine": None}
 
@@ -342,3 +345,45 @@ def test_a_selection_the_original_does_not_reproduce_itself_is_named_in_the_fail
     monkeypatch.setattr(rounding.numerics, "run", lambda *args, **kwargs: enabled)
     assert rounding.unstable_selection_hint(_detector_with_nms(), {}, disabled,
                                             ["kept", "boxes2"], JUDGE) == ""
+
+
+def _half_layernorm(tmp_path):
+    """A LayerNorm computed in float16 between float32 Casts, as onnxconverter-common's
+    keep_io_types writes it: FuseLayerNorm makes it one float16 LayerNormalization."""
+    rng = np.random.default_rng(3)
+    path = tmp_path / "ln.onnx"
+    onnx.save(parse_model("""
+        g (float[2,8,64] x) => (float[2,8,64] y) {
+            xh = Cast <to = 10> (x)
+            m = ReduceMean <axes = [-1]> (xh)
+            d = Sub (xh, m)
+            sq = Pow (d, two)
+            v = ReduceMean <axes = [-1]> (sq)
+            ve = Add (v, eps)
+            s = Sqrt (ve)
+            n = Div (d, s)
+            ng = Mul (n, gamma)
+            yh = Add (ng, beta)
+            y = Cast <to = 1> (yh)
+        }""", '<ir_version: 8, opset_import: ["" : 13]>\n', two=np.array(2, np.float16),
+        eps=np.array(1e-5, np.float16),
+        gamma=(1 + 0.2 * rng.standard_normal(64)).astype(np.float16),
+        beta=(0.1 * rng.standard_normal(64)).astype(np.float16)), path)
+    return path
+
+
+def test_an_output_computed_in_float16_is_judged_at_float16s_precision(tmp_path, capsys):
+    # Its float32 output had been judged at float32's rtol: 727 of 1024 elements "beyond
+    # rtol=0.0001" (0.0015 on values up to 3.6) refused a compile closer to the exact result.
+    path = _half_layernorm(tmp_path)
+    rc, out, err = run_cli(capsys, "optimize", path, "-o", tmp_path / "ln.om", "--verify")
+    assert rc == 0, err
+    assert "output(s) y computed in 16-bit floats in the original" in out, out
+    # A difference past float16's precision is still one.
+    from graphopt.rounding import within_half_precision
+
+    proto = onnx.load(path)
+    x = np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)
+    y = numerics.run(proto, {"x": x})["y"]
+    assert within_half_precision(proto, {"y": y}, {"y": y + 5e-4 * np.abs(y).max()}, ["y"])
+    assert within_half_precision(proto, {"y": y}, {"y": y * 1.01}, ["y"]) is None

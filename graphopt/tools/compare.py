@@ -43,7 +43,7 @@ from graphopt.errors import GraphoptError, OptionError, naming
 from graphopt.ir.dtypes import DType
 from graphopt.numerics import Mismatch, paired, random_inputs_hint, widened
 from graphopt.option_names import COMPARE_FLAGS, option, setting
-from graphopt.rounding import within_rounding
+from graphopt.rounding import within_half_precision, within_rounding
 from graphopt.tools import metrics
 from graphopt.tools.compare_run import (
     check_signatures,
@@ -527,8 +527,9 @@ def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,
     reference = ref_side.proto
     if not set(names) <= set(ref_side.outputs):  # tensors inside it, of a cut candidate
         reference = _ending_at(reference, names)
-    note = within_rounding(reference, feeds, {n: ref_values[n] for n in names},
-                           {n: cand_values[n] for n in names}, names, judge)
+    expected, actual = {n: ref_values[n] for n in names}, {n: cand_values[n] for n in names}
+    note = within_half_precision(reference, expected, actual, names) \
+        or within_rounding(reference, feeds, expected, actual, names, judge)
     if note is None:
         return
     for row in failing:
