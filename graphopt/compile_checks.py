@@ -18,11 +18,13 @@ from graphopt.passes.infer_shapes import drop_unfounded_declarations, record_typ
 from graphopt.spelled_defaults import spell_out_defaults
 
 
-def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> list[str]:
+def check_input(model: Model, label: str, allow_custom_ops: bool = False,
+                npu_bfloat16: bool = False) -> list[str]:
     """check_ops on the imported model (InputError naming the node at fault), keeping the
     static types its shape inference found: a static model is then typed in full, and the
     pipeline's InferShapes passes have nothing left to do. Deprecated ops onnxruntime still
-    runs are rewritten first; returns the notes saying so."""
+    runs are rewritten first; returns the notes saying so. `npu_bfloat16`: the target's NPU
+    runs bfloat16, so bfloat16 nodes are left to the placement's check."""
     notes = replace_deprecated_ops(model, label)
     spell_out_defaults(model)
     with heap_frozen():  # the IR is long-lived: no full collection should walk it again
@@ -37,7 +39,7 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False) -> lis
             drop_unfounded_declarations(model, types)
             record_type_bytes(model, types, static_only=True)
             forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
-        check_kernel_dtypes(model, label)
+        check_kernel_dtypes(model, label, skip_bfloat16=npu_bfloat16)
         check_operand_shapes(model, label)
     return notes
 

@@ -218,7 +218,7 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         profiled = optimize_profiles(model, dynamic_dims, arguments)
         record_tuning(profiled, tuning_db, tuned)
         return profiled
-    source = _import(model, options, edits, verify)
+    source = _import(model, options, edits, verify, target)
     data, mismatch = _calibration_data(options, source.model, shared_stats, edits.aipp)
     ctx = PassContext(options, tracer=Tracer(options.trace_rules) if options.trace_rules else None,
                       target=target, gate=rewrite_gate, calibration=data,
@@ -387,7 +387,18 @@ class _Source:
     domains: frozenset = frozenset()  # the opset imports of the model as given
 
 
-def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Source:
+def _npu_bfloat16(target) -> bool:
+    """Whether `target` has an NPU with bfloat16 kernels (ascend910b): a model given in
+    bfloat16 is checked against its placement then (check_host_bfloat16), not against
+    onnxruntime's CPU provider alone, which has few bfloat16 kernels and had refused it."""
+    return target is not None and any(
+        device.kind == "npu" and any("bfloat16" in kernel.dtypes
+                                     for kernel in device.kernels.values())
+        for device in target.devices)
+
+
+def _import(model, options: Options, edits: _SourceEdits, verify: bool,
+            target=None) -> _Source:
     is_path = isinstance(model, (str, os.PathLike))
     label = api_args.without_nul(os.fspath(model), "model") if is_path else "<model>"
     # Before the model is read: the file as compiled, the bytes as given.
@@ -396,7 +407,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
     ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
     pinned_first = False
     try:
-        notes = check_input(ir_model, label, options.allow_custom_ops)
+        notes = check_input(ir_model, label, options.allow_custom_ops, _npu_bfloat16(target))
     except InputError:
         if not options.input_shapes:
             raise
@@ -404,7 +415,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool) -> _Sour
         # length) may be valid once pinned: the pins come first then.
         ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
         pin_input_shapes(ir_model, options.input_shapes)
-        notes = check_input(ir_model, label, options.allow_custom_ops)
+        notes = check_input(ir_model, label, options.allow_custom_ops, _npu_bfloat16(target))
         pinned_first = True
     if upgraded:
         notes.append(upgraded)

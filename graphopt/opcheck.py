@@ -14,7 +14,7 @@ from onnx import AttributeProto, GraphProto, NodeProto, TensorProto
 
 from graphopt.codegen.om_manifest import elem_type_label
 from graphopt.errors import InputError
-from graphopt.ir import Model, Node
+from graphopt.ir import DType, Model, Node
 from graphopt.ir.node import unnamed_label
 from graphopt.ir.onnx_export import attribute_to_proto
 from graphopt.option_names import setting
@@ -147,12 +147,13 @@ def _kernel_gap(domain: str, op_type: str, model: Model) -> str | None:
     return gap and f"{gap}; onnx.version_converter can move the model to an opset onnxruntime runs"
 
 
-def check_kernel_dtypes(model: Model, label: str) -> None:
+def check_kernel_dtypes(model: Model, label: str, skip_bfloat16: bool = False) -> None:
     """Raise InputError on the first node onnxruntime's CPU provider has a kernel for, but not
     for the dtypes the node reads and writes (a Cast to float4e2m1, an int4 Identity):
     onnxruntime refuses such a model at load, and every .om partition holding it with it.
     Ops without a kernel at all, and ops onnxruntime may expand from a function body instead,
-    are left to check_ops; values of unknown dtype are taken to fit."""
+    are left to check_ops; values of unknown dtype are taken to fit. `skip_bfloat16` leaves
+    the nodes that read or write bfloat16 to an NPU target's placement."""
     from graphopt.codegen.om_manifest import dtype_name
     from graphopt.partition.target_ort import ort_since_version
 
@@ -162,6 +163,9 @@ def check_kernel_dtypes(model: Model, label: str) -> None:
 
     verdicts: dict[tuple, bool | None] = {}
     for node in model.graph.all_nodes():
+        if skip_bfloat16 and any(v is not None and v.dtype == DType.BFLOAT16
+                                 for v in (*node.inputs, *node.outputs)):
+            continue
         # Keyed by the dtypes as they are: a large model has a few hundred kinds of node.
         key = (node.op_type, node.domain, tuple(v and v.dtype for v in node.inputs),
                tuple(v and v.dtype for v in node.outputs))

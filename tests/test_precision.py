@@ -1300,3 +1300,23 @@ def test_a_recurrent_layer_between_float32_ops_converts():
     result = compile_(proto, precision="fp16", precision_deny={"Exp", "ReduceMean"})
     assert dtypes(result)["h"] == "f16"
     assert not any("no matrix work" in note for note in result.notes), result.notes
+
+
+def test_a_model_given_in_bfloat16_compiles_for_an_npu_that_runs_it():
+    # Refused at the input check for the CPU provider's missing bfloat16 MatMul, for
+    # ascend910b too, whose NPU runs it: even graphopt's own --precision bf16 output for it.
+    from graphopt.errors import InputError
+
+    proto = parse_model("""
+        g (float[4,16] x) => (float[4,8] y) {
+            m = MatMul (x, w)
+            y = Relu (m)
+        }""", w=np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32))
+    bf16 = graphopt.optimize(proto, target="ascend910b", precision="bf16",
+                             input_shapes={"x": [4, 16]}).to_onnx()
+    again = graphopt.optimize(bf16, target="ascend910b")
+    assert {p.device for p in again.partitioning.partitions} == {"npu"}
+    assert any(v.dtype == DType.BFLOAT16 for n in again.model.graph for v in n.outputs)
+    for target in ("cpu", "ascend310"):  # no bfloat16 kernel there: refused, naming it
+        with pytest.raises(InputError, match="no MatMul-13 kernel for these dtypes"):
+            graphopt.optimize(bf16, target=target)

@@ -28,7 +28,8 @@ def check_host_bfloat16(partitioning, options, model, log=None) -> None:
     it to the host (an island not worth the copies), where onnxruntime cannot load it. A host
     of onnxruntime's kernels is asked for the op's version in `model` and the dtypes of all
     its values, as onnxruntime will look the kernel up."""
-    if "bf16" not in options.precision:
+    given = "bf16" not in options.precision  # a model given in bfloat16, on an NPU with it
+    if given and not any(_reads_or_writes(n, DType.BFLOAT16) for n in model.graph.all_nodes()):
         return
     target = partitioning.target
     functions = {(f.domain, f.name): f for f in model.functions}
@@ -64,11 +65,15 @@ def check_host_bfloat16(partitioning, options, model, log=None) -> None:
             # (at -O0/-O1 it said --input-shape could not help, and nothing else).
             pin = (f"; {dynamic} of them for dynamic shapes "
                    f"({dynamic_hint(model, partitioning, log)})")
+        what = (f"the model's bfloat16 ops, {setting('target', as_given(target))}" if given
+                else f"{setting('precision', options.precision)} "
+                     f"{setting('target', as_given(target))}")
+        advice = ("give the model those ops in float32 or float16" if given else
+                  f"{option('precision_deny')} them, or use fp16")
         raise OptionError(
-            f"{setting('precision', options.precision)} {setting('target', as_given(target))}: "
-            f"{sum(missing.values())} bfloat16 op(s) run on the host CPU, which has no bfloat16 "
-            f"kernel for {ops} (the partitioner placed them there: `graphopt partition` says "
-            f"why{pin}); {option('precision_deny')} them, or use fp16")
+            f"{what}: {sum(missing.values())} bfloat16 op(s) run on the host CPU, which has no "
+            f"bfloat16 kernel for {ops} (the partitioner placed them there: `graphopt "
+            f"partition` says why{pin}); {advice}")
 
 
 def quantized_fallback_note(partitioning, options) -> str:
