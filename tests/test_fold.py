@@ -1206,3 +1206,24 @@ def test_large_constants_reach_the_folding_session_as_fed_arrays(monkeypatch):
     actual = numerics.run(result.to_onnx(), feeds)
     for name in "abc":
         np.testing.assert_allclose(actual[name], expected[name], rtol=1e-5, atol=1e-4)
+
+
+def test_float16_ops_onnxruntime_runs_in_float32_are_not_folded_into_float16():
+    # onnxruntime has no float16 CPU kernel for Sqrt, Reciprocal, Exp or Mul: it runs them in
+    # float32 and drops the Casts between them, so k = 66300 is never rounded. Folded, k was a
+    # float16 infinity and an output inf where the model gives 6956.
+    k_parts = {"a": np.array([3.0, 5.0, 1.2e-7, 0.3, 1000.0], np.float16),
+               "e": np.array([10.0, 0.05, -2.0, 11.0, 0.9], np.float16)}
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("Sqrt", ["a"], ["s"]), helper.make_node("Reciprocal", ["s"], ["r"]),
+         helper.make_node("Exp", ["e"], ["ee"]), helper.make_node("Mul", ["r", "ee"], ["k"]),
+         helper.make_node("Mul", ["x", "k"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [5])],
+        [numpy_helper.from_array(v, n) for n, v in k_parts.items()]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    result = graphopt.optimize(proto)
+    x = {"x": np.array([0.1257, -0.1321, 0.6406, 0.1049, -0.5356], np.float16)}
+    expected, actual = numerics.run(proto, x)["y"], numerics.run(result.to_onnx(), x)["y"]
+    assert np.isfinite(expected).all()
+    np.testing.assert_array_equal(actual, expected)

@@ -164,6 +164,8 @@ class _GraphFolder:
                 continue
             if is_castlike(node) and node.input(1).dtype is None:
                 continue
+            if _float16_run_in_float32(node, self.model):
+                continue
             constant = node.op_type == "Constant" and node.is_onnx
             if constant and id(node.output) in self.outputs:
                 self._keep_constant_output(node, produced)
@@ -401,3 +403,37 @@ class FoldConstants(Pass):
                 if not (folded and folder.deferred):
                     break
         return result
+
+
+# Ops whose float32 result of float16 inputs is a float16 value already (a sign, a choice,
+# a move): folded in float16 or run in float32, the same.
+_EXACT_IN_HALF = frozenset({
+    "Neg", "Abs", "Relu", "Sign", "Ceil", "Floor", "Round", "Max", "Min", "Clip", "Where",
+    "ReduceMax", "ReduceMin", "ArgMax", "ArgMin", "Equal", "Less", "Greater", "LessOrEqual",
+    "GreaterOrEqual", "IsNaN", "IsInf", "Identity", "Reshape", "Transpose", "Squeeze",
+    "Unsqueeze", "Flatten", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND",
+    "Expand", "Tile", "Pad", "Cast", "CastLike", "Shape", "Size", "TopK"})
+
+
+def _float16_run_in_float32(node: Node, model: Model) -> bool:
+    """Whether onnxruntime runs this float16 node in float32, between Casts it inserts, for want
+    of a float16 CPU kernel (Exp, Sqrt, Reciprocal…): it drops the Casts between two such
+    nodes, so their values are never rounded to float16 there, and its own constant folding
+    leaves them. Folded, `Reciprocal(Sqrt(a)) * Exp(e)` was stored as float16 infinity where
+    the model computes 66300 and gives finite outputs."""
+    from graphopt.codegen.om_manifest import dtype_name
+    from graphopt.partition.target_ort import cpu_kernel_binds
+
+    values = [v for v in (*node.inputs, *node.outputs) if v is not None]
+    if not node.is_onnx or node.op_type in _EXACT_IN_HALF \
+            or not any(v.dtype == DType.FLOAT16 for v in values):
+        return False
+    version = model.opset(node.domain)
+    if version is None:
+        return False
+
+    def names(vs):
+        return [None if v is None or v.dtype is None else dtype_name(int(v.dtype)) for v in vs]
+
+    return cpu_kernel_binds(node.op_type, node.domain, version, names(node.inputs),
+                            names(node.outputs)) is False
