@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graphopt.errors import GraphoptError
 from graphopt.ir import Graph, Model, Node, Value
