@@ -387,16 +387,6 @@ class _Source:
     domains: frozenset = frozenset()  # the opset imports of the model as given
 
 
-def _npu_bfloat16(target) -> bool:
-    """Whether `target` has an NPU with bfloat16 kernels (ascend910b): a model given in
-    bfloat16 is checked against its placement then (check_host_bfloat16), not against
-    onnxruntime's CPU provider alone, which has few bfloat16 kernels and had refused it."""
-    return target is not None and any(
-        device.kind == "npu" and any("bfloat16" in kernel.dtypes
-                                     for kernel in device.kernels.values())
-        for device in target.devices)
-
-
 def _import(model, options: Options, edits: _SourceEdits, verify: bool,
             target=None) -> _Source:
     is_path = isinstance(model, (str, os.PathLike))
@@ -404,10 +394,13 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
     # Before the model is read: the file as compiled, the bytes as given.
     identity = file_identity(label) if is_path else None
     sha256 = None if is_path else memory_model_sha256(model)
+    from graphopt.partition.precision_fit import npu_runs_bfloat16
+
     ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
     pinned_first = False
+    bfloat16_device = npu_runs_bfloat16(target)
     try:
-        notes = check_input(ir_model, label, options.allow_custom_ops, _npu_bfloat16(target))
+        notes = check_input(ir_model, label, options.allow_custom_ops, bfloat16_device)
     except InputError:
         if not options.input_shapes:
             raise
@@ -415,7 +408,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
         # length) may be valid once pinned: the pins come first then.
         ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
         pin_input_shapes(ir_model, options.input_shapes)
-        notes = check_input(ir_model, label, options.allow_custom_ops, _npu_bfloat16(target))
+        notes = check_input(ir_model, label, options.allow_custom_ops, bfloat16_device)
         pinned_first = True
     if upgraded:
         notes.append(upgraded)

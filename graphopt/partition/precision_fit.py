@@ -22,16 +22,27 @@ QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                  "QLinearConv", "QLinearMatMul", "QLinearAdd", "QGemm"}
 
 
+def npu_runs_bfloat16(target) -> bool:
+    """Whether `target` has an NPU with bfloat16 kernels (ascend910b): a model given in
+    bfloat16 is checked against its placement then, not against onnxruntime's CPU provider
+    alone, which has few bfloat16 kernels and had refused it at the input check."""
+    return target is not None and any(
+        device.kind == "npu" and any("bfloat16" in kernel.dtypes
+                                     for kernel in device.kernels.values())
+        for device in target.devices)
+
+
 def check_host_bfloat16(partitioning, options, model, log=None) -> None:
     """Refuse a bf16 compile whose host partitions hold bfloat16 ops the host has no kernel for.
     ConvertPrecision converts an op the NPU runs in bfloat16; the partitioner may still return
     it to the host (an island not worth the copies), where onnxruntime cannot load it. A host
     of onnxruntime's kernels is asked for the op's version in `model` and the dtypes of all
     its values, as onnxruntime will look the kernel up."""
-    given = "bf16" not in options.precision  # a model given in bfloat16, on an NPU with it
-    if given and not any(_reads_or_writes(n, DType.BFLOAT16) for n in model.graph.all_nodes()):
-        return
     target = partitioning.target
+    given = "bf16" not in options.precision  # a model given in bfloat16, on an NPU with it
+    if given and not (npu_runs_bfloat16(target) and any(
+            _reads_or_writes(n, DType.BFLOAT16) for n in model.graph.all_nodes())):
+        return
     functions = {(f.domain, f.name): f for f in model.functions}
     missing: Counter = Counter()
     stranded = []
