@@ -173,7 +173,7 @@ def _optimize(args) -> int:
     pass_options = precision_options(args) or None
     if args.no_accuracy_report and not pass_options:  # it would change nothing
         raise OptionError("--no-accuracy-report applies to a --precision or --quantize compile "
-                          "(a float32 compile prints no accuracy report)")
+                          "(a compile that keeps the model's dtypes prints no accuracy report)")
     with compile_progress(not args.quiet):  # a line on a terminal for long steps
         result = _compiled(args, target, pass_options)
     # An NPU .om's compile says what it applied of the tilings; a CPU .om has none to apply.

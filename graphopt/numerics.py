@@ -490,10 +490,14 @@ def _compare_tensors(name: str, exp: np.ndarray, got: np.ndarray, rtol: float,
         one_nan = np.isnan(e) != np.isnan(a)
         diff = np.where(np.isnan(e) & np.isnan(a), 0.0, np.where(one_nan, np.inf, np.abs(a - e)))
         rel = np.where(one_nan, np.inf, diff / np.maximum(np.abs(e), 1e-30))
+    # Where NaN stands on one side only, how many on each: an all-NaN reference (a float16
+    # model onnxruntime overflows) had read as "max abs err inf" alone.
+    nans = (f"; NaN in {int(np.isnan(e).sum())} expected and {int(np.isnan(a).sum())} computed "
+            "element(s)" if one_nan.any() else "")
     return Mismatch(
         name, f"{int(bad.sum())}/{bad.size} element(s) beyond "
         f"rtol={metrics.effective_rtol(exp, got, rtol):.3g} atol={atol:.3g} "
-        f"(max abs err {float(np.nanmax(diff)):.3g})",
+        f"(max abs err {float(np.nanmax(diff)):.3g}{nans})",
         float(np.nanmax(diff)), float(np.nanmax(np.where(bad, rel, 0.0))))
 
 
