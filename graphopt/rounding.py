@@ -9,6 +9,7 @@ from onnx import ModelProto, TensorProto
 
 from graphopt import numerics
 from graphopt.option_names import option
+from graphopt.tools.metrics import FLOAT16_STEP
 
 
 def within_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
@@ -367,7 +368,7 @@ def _finite_max(value: np.ndarray) -> float:
 
 
 # A 16-bit float's step (its epsilon): what a value computed in that type is good to.
-_HALF_STEPS = {TensorProto.FLOAT16: 2.0 ** -10, TensorProto.BFLOAT16: 2.0 ** -7}
+_HALF_STEPS = {TensorProto.FLOAT16: FLOAT16_STEP, TensorProto.BFLOAT16: 2.0 ** -7}
 
 
 def half_computed(model: ModelProto, outputs: list[str]) -> dict[str, float]:
@@ -422,6 +423,5 @@ def _within_half(reference, candidate, step: float) -> bool:
     r = np.asarray(reference)
     if r.dtype.kind not in "fc" or not r.size:
         return False
-    finite = np.abs(r[np.isfinite(r)])
-    scale = float(finite.max()) if finite.size else 0.0
+    scale = _finite_max(np.abs(r))
     return not numerics.compare({"y": reference}, {"y": candidate}, step, step * scale)

@@ -14,7 +14,7 @@ depthwise conv's 144 channels are 9 packs of 16, a diagonal in each 16 × 16 fra
 C0 is a block's 32 bytes: 16 elements of 2 bytes (float16), 32 of 1 byte (int8); 16 for wider
 types, as CANN's float32 NC1HWC0 keeps (ATC's default precision runs them in float16 anyway).
 The element size is the IR's dtype, as the rest of the memory plan counts it. A ⟨B, 24, 56, 56⟩
-activation in NC1HWC0 holds 32 channels a pixel, a third more than its ND bytes, and an
+activation in NC1HWC0 holds 32 channels a pixel, a third more than its ND bytes, and a
 FRACTAL_NZ vector of 768 is sixteen rows: the memory plan of an NPU partition sized its tensors
 as ND and had live tensors overlapping on the device.
 """
