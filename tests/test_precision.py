@@ -693,6 +693,25 @@ def test_constants_beyond_the_float16_range_are_clipped_not_infinite():
     assert np.all(numerics.run(out, feeds)["y"] == -65504.0)
 
 
+def test_a_constant_the_models_own_cast_narrows_overflows_as_that_cast_does():
+    # Cast(70000 → float16) is inf in the model; a weight copy clipped to 65504 made y 65505.
+    # The same constant read by a converted Add keeps the clipped copy.
+    proto = parse_model("""
+    g (float[2] x) => (float[2] y, float[2] z) {
+      h = Cast<to=10>(big)
+      f = Cast<to=1>(h)
+      y = Add(x, f)
+      z = Add(x, big)
+    }""", big=np.float32([70000.0, -70000.0]))
+    result = compile_(proto, precision="fp16")
+    out = result.to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    got = numerics.run(out, {"x": np.ones(2, np.float32)}, level="disable")
+    np.testing.assert_array_equal(got["y"], [np.inf, -np.inf])
+    # onnxruntime adds in float32 where its CPU provider lacks the float16 kernel: 65504 ± 1
+    np.testing.assert_allclose(got["z"], [65505.0, -65503.0], atol=32)
+
+
 @pytest.mark.parametrize("mode", ["fp16", "mixed-fp16"])
 def test_weights_below_the_float16_range_are_named_when_they_vanish(mode):
     # A weight initialized at 1e-10 (BLIP's default init range) is all zeros in float16: the

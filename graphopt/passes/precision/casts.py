@@ -61,10 +61,10 @@ class Boundaries:
     may be shared with the Boundaries of other graphs of the model: a weight that a nested
     graph reads is converted once, in the graph that holds it."""
 
-    def __init__(self, graph: Graph, half: DType, constants: dict[int, Value] | None = None):
+    def __init__(self, graph: Graph, half: DType, constants: dict[object, Value] | None = None):
         self.graph, self.half = graph, half
         self._casts: dict[tuple[int, DType], Value] = {}
-        self._consts: dict[int, Value] = {} if constants is None else constants
+        self._consts: dict[object, Value] = {} if constants is None else constants
         self.casts_inserted = 0
         self.constants_converted = 0
         self.constants_clipped: list[tuple[str, int]] = []  # (name, elements clipped)
@@ -73,10 +73,17 @@ class Boundaries:
         # weight matter little; a weight initialized at 1e-10 vanishes whole.
         self.weights_flushed: list[tuple[str, int, int]] = []
 
-    def half_constant(self, value: Value, data: np.ndarray) -> Value:
-        """A half-dtype initializer holding `value`'s data, beside `value`."""
-        if id(value) not in self._consts:
-            array, clipped = to_half_array(data, self.half)
+    def half_constant(self, value: Value, data: np.ndarray, clip: bool = True) -> Value:
+        """A half-dtype initializer holding `value`'s data, beside `value`. With `clip` off,
+        values beyond the half range become infinities, as the model's own Cast to half makes
+        them (a Cast that converts with its input leaves that input's rounding to this copy)."""
+        key = id(value) if clip else (id(value), "unclipped")
+        if key not in self._consts:
+            if clip:
+                array, clipped = to_half_array(data, self.half)
+            else:
+                with np.errstate(over="ignore"):
+                    array, clipped = np.asarray(data).astype(self.half.numpy), 0
             if clipped:
                 self.constants_clipped.append((value.name, clipped))
             flushed, nonzero = _flushed_to_zero(data, array)
@@ -84,9 +91,9 @@ class Boundaries:
                 self.weights_flushed.append((value.name, flushed, nonzero))
             owner = value.graph or self.graph
             converted = owner.make_initializer(f"{value.name}_{self.half.short}", Tensor(array))
-            self._consts[id(value)] = converted
+            self._consts[key] = converted
             self.constants_converted += 1
-        return self._consts[id(value)]
+        return self._consts[key]
 
     def cast(self, value: Value, dtype: DType) -> Value:
         """`value` cast to `dtype`, by a Cast placed right after its producer (first in the graph

@@ -293,7 +293,7 @@ class ConvertPrecision(Pass):
                 ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider)}"
                          + _float64_remark(model))
             return result
-        constants: dict[int, Value] = {}  # one half copy of a weight, whichever graph reads it
+        constants: dict[object, Value] = {}  # one half copy of a weight, whichever graph reads it
         boundaries = [Boundaries(graph, half, constants) for graph, _ in choices]
         removed = moved = 0
         for (graph, chosen), graph_boundaries in zip(choices, boundaries):
@@ -447,7 +447,9 @@ def _convert(node: Node, slots: Slots, half: DType, boundaries: Boundaries,
             continue
         data = constant_data(value)
         if data is not None:
-            node.set_input(i, boundaries.half_constant(value, data))
+            # A Cast to half is the model's own conversion, whose overflow is inf, not 65504
+            own_cast = node.op_type == "Cast" and node.is_onnx
+            node.set_input(i, boundaries.half_constant(value, data, clip=not own_cast))
         else:
             node.set_input(i, boundaries.cast(value, half))
     for i in slots.outputs:
