@@ -384,6 +384,9 @@ def test_an_allowed_op_whose_schema_lacks_the_half_type_is_named_too():
     notes = graphopt.optimize(ints, precision="fp16").notes
     assert "ConvertPrecision converted nothing: the model has no float32 op that converts " \
            "(apart from any keep_dtype and precision_deny keep float32)" in notes, notes
+    halves = parse_model("g (float16[2, 4] x) => (float16[2, 4] y) { y = Relu(x) }")
+    assert "ConvertPrecision converted nothing: no op computes in float32 (the model computes " \
+           "in float16 already)" in graphopt.optimize(halves, precision="mixed-fp16").notes
     doubles = parse_model("g (double[2, 4] x) => (double[2, 4] y) { y = Relu(x) }")
     assert "1 op(s) compute in float64, which no precision mode converts" in \
         " ".join(graphopt.optimize(doubles, precision="fp16").notes)

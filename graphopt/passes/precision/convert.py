@@ -173,8 +173,13 @@ class _Decider:
         return True
 
 
-def _nothing_to_convert(decider: _Decider) -> str:
+def _nothing_to_convert(decider: _Decider, model) -> str:
     """Why a mode found no node to convert, when no other note says."""
+    computed = {v.dtype for node in model.graph.all_nodes() for v in node.outputs
+                if v is not None and v.dtype is not None and v.dtype.is_float}
+    if computed and computed <= {DType.FLOAT16, DType.BFLOAT16}:
+        given = " and ".join(sorted(dtype.name.lower() for dtype in computed))
+        return f"no op computes in float32 (the model computes in {given} already)"
     kept = f"{option('keep_dtype')} and {option('precision_deny')} keep"
     if decider.mixed:
         return ("mixed precision starts from Conv, ConvTranspose, MatMul, Gemm, Einsum and the "
@@ -290,7 +295,7 @@ class ConvertPrecision(Pass):
             explained = kept_by_schema or kept_int8 or untyped or decider.kept_by_target \
                 or decider.kept_for_stand_in or sandwiched
             if not explained:  # a compile that converted nothing says why
-                ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider)}"
+                ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider, model)}"
                          + _float64_remark(model))
             return result
         constants: dict[object, Value] = {}  # one half copy of a weight, whichever graph reads it
