@@ -147,14 +147,15 @@ def _unpinned_advice() -> str:
     return advice + (f", nor {option('input_shapes')}" if len(given) > 1 else "")
 
 
-def check_loads(model: Model, label: str, given: bytes) -> str | None:
+def check_loads(model: Model, label: str, given: bytes, device: str = "") -> str | None:
     """InputError when onnxruntime cannot load the compiled model where it loads the original
     (`given`, weightless_bytes of the model as given): a model it loads but cannot run, or a
     rewrite gone wrong. A note when it loads neither: the model as given is one onnxruntime
     refuses, and so will the output be (a kernel it lacks for the original's types too: a
     bf16 Attention's Expand; the compile had passed without a word). None when it loads. A
     kernel missing for the compile alone is about types, which the CPU provider may lack for a
-    device's compile (bfloat16), and is left to the artifact's runtime."""
+    device's compile (bfloat16), and is left to the artifact's runtime. `device` names the
+    provider an NPU target's artifact runs on, where it may load."""
     refusal = onnxruntime_refusal(model)
     if refusal and not _missing_kernel(refusal, model):
         # Some kernels take only constant weights, which the weightless check passes as inputs.
@@ -182,8 +183,9 @@ def check_loads(model: Model, label: str, given: bytes) -> str | None:
                          "bug (--disable-pass on the pass that made the node, or -O0, compiles "
                          "without it); a model onnxruntime loads but cannot run fails so once "
                          "its shapes fold")
-    return (f"{UNLOADABLE_NOTE}, nor its compile: {refusal} (the output will not load where "
-            "this onnxruntime runs)")
+    where = f"; {device} may load it" if device else ""
+    return (f"{UNLOADABLE_NOTE}, nor its compile: {refusal} (the output will not load on "
+            f"this onnxruntime's CPU provider{where})")
 
 
 def _innermost(refusal: str) -> str:

@@ -507,7 +507,9 @@ def _check_compiled(source: _Source, options: Options, ctx: PassContext, log: Pa
     elif source.loaded_unpinned:
         check_compiled_loads(source.model, source.label, options.input_shapes)
     elif source.given is not None and not options.input_shapes:
-        note = check_loads(source.model, source.label, source.given)
+        npu = target is not None and target.primary != target.host
+        device = target.device(target.primary).providers[0] if npu else ""
+        note = check_loads(source.model, source.label, source.given, device)
         if note:
             ctx.notes.append(note)
 

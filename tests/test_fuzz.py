@@ -18,6 +18,7 @@ import time
 import warnings
 import zipfile
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -1061,6 +1062,16 @@ def test_a_model_whose_kernel_onnxruntime_lacks_compiles_with_the_note_too(targe
     result = graphopt.optimize(model, target=target)
     (note,) = [n for n in result.notes if "cannot load the model as given" in n]
     assert "NOT_IMPLEMENTED" in note and "Expand" in note and "will not load" in note
+
+
+def test_the_note_on_an_npu_targets_compile_names_the_devices_provider():
+    # A bfloat16 Conv: no CPU kernel here, but ascend910b's artifact runs on CANN's provider
+    model = parse_model("g (bfloat16[1,2,4,4] x) => (bfloat16[1,2,4,4] y) { y = Conv(x, w) }",
+                        w=np.ones((2, 2, 1, 1), np.float32).astype(ml_dtypes.bfloat16))
+    result = graphopt.optimize(model, target="ascend910b")
+    (note,) = [n for n in result.notes if "cannot load the model as given" in n]
+    assert note.endswith("(the output will not load on this onnxruntime's CPU provider; "
+                         "CANNExecutionProvider may load it)"), note
 
 
 def test_a_compile_onnxruntime_cannot_load_where_it_loads_the_original_is_refused(monkeypatch):
