@@ -121,7 +121,9 @@ def _cmd_atc(args) -> int:
                      "--precision_mode=must_keep_origin_dtype")
             print("graphopt atc: --keep_dtype lists nodes to keep in their dtype, which "
                   f"--precision keep ({given}) keeps every node in: not passed on")
-        print(f"graphopt atc: running {line}", flush=True)
+        # --mode=6 prints the summary on stdout, which a script may read: the line goes aside
+        shows = args.mode.strip() == "6"
+        print(f"graphopt atc: running {line}", flush=True, file=sys.stderr if shows else sys.stdout)
     with flags_spelled(spellings):
         status = run_argv(argv)
     if status and quiet:  # the graphopt flags a message may name: what they came from

@@ -298,6 +298,8 @@ def test_atc_mode_1_writes_every_node_as_json(tmp_path, capsys):
         assert leaky["attributes"] == {"alpha": 0.5} and leaky["outputs"] == ["y"]
     rc, out, err = run_cli(capsys, "atc", "--mode=6", f"--om={tmp_path / 'net.om'}")
     assert rc == 0 and "partitions (1, in execution order)" in out, err
+    # The summary is stdout alone, for a script to read; the translation goes to stderr
+    assert "graphopt atc: running graphopt inspect" in err and "graphopt atc" not in out
 
 
 def test_atc_crop_sized_by_an_open_model_names_the_sizes_to_write(tmp_path, capsys):
