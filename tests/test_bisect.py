@@ -562,7 +562,7 @@ def test_a_model_onnxruntime_refuses_once_shapes_fold_is_not_blamed_on_a_rewrite
     from graphopt import compile_checks
     from graphopt.errors import ModelAtFault
 
-    def at_fault(model, label, given):
+    def at_fault(model, label, given, device=""):
         raise ModelAtFault(f"{label}: onnxruntime loads the original only with its graph "
                            "optimizations off")
 
