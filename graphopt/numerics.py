@@ -21,6 +21,7 @@ from onnx import ModelProto, TensorProto
 
 from graphopt.codegen.feeds import random_array, random_value, typed_entry, value_label
 from graphopt.codegen.om_manifest import dtype_name
+from graphopt.codegen.partition_sessions import QDQ_MATMULNBITS_ACCURACY
 from graphopt.dims import read_dim
 from graphopt.errors import GraphoptError, InputError
 from graphopt.interrupts import interrupts_deferred
@@ -56,7 +57,8 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 4  # failures raise; their log lines would only repeat them
-    for key, value in (config or {}).items():
+    # As an .om partition's session (partition_sessions.QDQ_MATMULNBITS_ACCURACY) has it
+    for key, value in {QDQ_MATMULNBITS_ACCURACY: "0", **(config or {})}.items():
         options.add_session_config_entry(key, value)
     data = serialized(model) if isinstance(model, ModelProto) else model
     if data is None:

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import IR_VERSION
 
 import graphopt
+from graphopt import numerics
 from graphopt.atomic import atomic_write, atomic_write_bytes
 from graphopt.codegen import OmPartition, OmSession, load_om, om_read, write_om
 from graphopt.codegen.om import DETAILS_SCHEMA, MANIFEST_SCHEMA, is_om
@@ -945,6 +946,29 @@ def test_unknown_output_and_bad_options(om_path):
     assert OmSession(om_path, session_config={"session.disable_prepacking": np.int64(1)})
     session = OmSession(om_path, intra_op_num_threads=1, optimization_level="disable")
     assert session.run({"X": x_batch()})["Y"].shape == (2, 3)
+
+
+def test_a_models_own_4bit_weights_keep_float_activations_in_the_om(tmp_path):
+    # onnxruntime fuses an int4 DequantizeLinear -> MatMul (opset 21) into MatMulNBits at
+    # accuracy level 4 unless told, rounding the activations to int8: 2% off the model.
+    rng = np.random.default_rng(0)
+    weight = helper.make_tensor("w", TensorProto.INT4, [32, 8],
+                                rng.integers(-8, 8, (32, 8)).flatten().tolist())
+    scale = numpy_helper.from_array((rng.random((2, 8)) * 0.1 + 0.01).astype(np.float32), "s")
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], axis=0, block_size=16),
+         helper.make_node("MatMul", ["x", "wf"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [weight, scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    feeds = {"x": rng.standard_normal((4, 32)).astype(np.float32)}
+    expected = numerics.run(model, feeds)["y"]  # ORT_DISABLE_ALL
+    path = tmp_path / "int4.om"
+    graphopt.save(graphopt.optimize(model, verify=True, inputs=feeds), path)
+    np.testing.assert_allclose(graphopt.load(path).run(feeds)["y"], expected, rtol=1e-5, atol=1e-5)
+    # A caller's own setting still goes to onnxruntime
+    fast = graphopt.load(path, session_config={"session.qdq_matmulnbits_accuracy_level": "4"})
+    assert np.abs(fast.run(feeds)["y"] - expected).max() > 1e-3
 
 
 @pytest.mark.skipif("CANNExecutionProvider" in ort.get_available_providers(),

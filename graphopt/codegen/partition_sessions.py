@@ -83,6 +83,13 @@ def _numpy_types_only(session: ort.InferenceSession) -> bool:
                for arg in (*session.get_inputs(), *session.get_outputs()))
 
 
+# onnxruntime fuses a 4-bit DequantizeLinear -> MatMul of the model's own (opset 21's int4
+# weights) into MatMulNBits at accuracy_level 4 unless told otherwise, which rounds the
+# activations to int8: the .om differed from the model by 2% of its outputs. Level 0 keeps
+# them float, as graphopt's own MatMulNBits (whose level --int4-accuracy-level sets) do.
+QDQ_MATMULNBITS_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
+
+
 def session_options(intra_op_num_threads: int | None, optimization_level: str,
                      inter_op_num_threads: int | None = None,
                      session_config: Mapping[str, str] | None = None) -> ort.SessionOptions:
@@ -112,8 +119,10 @@ def session_options(intra_op_num_threads: int | None, optimization_level: str,
         options.intra_op_num_threads = int(intra_op_num_threads)  # 0: onnxruntime chooses
     if inter_op_num_threads is not None:
         options.inter_op_num_threads = int(inter_op_num_threads)
-    for key, value in (session_config or {}).items():  # e.g. session.force_spinning_stop
-        options.add_session_config_entry(key, str(value))
+    config = {QDQ_MATMULNBITS_ACCURACY: "0", **{key: str(value) for key, value
+                                                 in (session_config or {}).items()}}
+    for key, value in config.items():  # e.g. session.force_spinning_stop
+        options.add_session_config_entry(key, value)
     # Fatal only: graphopt raises every failure with onnxruntime's message, which its log would
     # print again first, in colour, on stderr (a run-time error such as an id out of range).
     options.log_severity_level = 4
