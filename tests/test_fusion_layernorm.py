@@ -12,6 +12,8 @@ use 1e-2: one f16 ulp near 2-4 is 2e-3-4e-3 (seen 1e-3).
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections import Counter
 
@@ -600,6 +602,26 @@ def test_rmsnorm_forms_fire(rule, opset, fused):
     if opset < 23:  # onnxruntime registers SimplifiedLayerNormalization in ai.onnx; ONNX has none
         with pytest.raises(onnx.checker.ValidationError, match="No Op registered for Simplified"):
             onnx.checker.check_model(to_onnx(model))
+
+
+@pytest.mark.parametrize("target", ["ascend310", "ascend310b", "ascend910b"])
+def test_an_rmsnorm_fused_at_opset_23_stays_on_the_npu(target, tmp_path):
+    # The rule checked the profile for SimplifiedLayerNormalization and emitted RMSNormalization,
+    # which no profile listed: the fused norm, and the MatMuls around it, went to the host.
+    proto = _model(_rms("RmsNormDiv"), 23)
+    result = graphopt.optimize(proto, target=target)
+    assert [n.op_type for n in result.model.graph] == ["RMSNormalization"]
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]
+    # and a target without the op keeps the norm unfused there, as for any fusion
+    builtin = os.path.join(os.path.dirname(graphopt.__file__), "partition", "targets")
+    with open(os.path.join(builtin, f"{target}.json")) as f:
+        profile = json.load(f)
+    for engine in profile["devices"][0]["engines"].values():
+        engine["ops"].pop("RMSNormalization", None)
+    (tmp_path / "no_rms.json").write_text(json.dumps(profile))
+    _, stats, report = _fuse(proto, "RmsNormDiv", load_target(str(tmp_path / "no_rms.json")))
+    assert stats == {} and any("has no ai.onnx::RMSNormalization kernel" in line
+                               for line in report), report
 
 
 def test_a_model_with_onnxruntimes_rmsnorm_compiles_again(tmp_path):

@@ -31,7 +31,7 @@ from graphopt.ir.pattern import Attr, Const, OneOf, Optional
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import register
 from graphopt.passes.opset_raise import raise_blocker, raise_opset
-from graphopt.passes.rules import Rule, RulePass, placed_device
+from graphopt.passes.rules import Rule, RulePass, placed_device, target_refuses
 
 MS = "com.microsoft"
 FLOATS = (DType.FLOAT, DType.FLOAT16, DType.DOUBLE)  # what onnxruntime's CPU kernels take
@@ -356,6 +356,13 @@ def _centred(x: Value) -> bool:
 class _RmsNorm(Rule):
     emits = (("", "SimplifiedLayerNormalization"),)
     dtypes = FLOATS
+
+    def unsupported(self, root: Value, target=None) -> str | None:
+        # At opset 23 and later the rewrite emits ONNX's RMSNormalization: the target must
+        # take that too (a profile without it had sent the fused norm to the host)
+        standard = (("", "RMSNormalization"),) if ("", "RMSNormalization") in runtime_schemas() \
+            else ()
+        return super().unsupported(root, target) or target_refuses(target, standard, root)
 
     def check(self, x, **b):
         return "x is x - mean(x), a LayerNorm" if _centred(x) else _problem(x, b)
