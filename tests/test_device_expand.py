@@ -243,12 +243,15 @@ def test_onnx_attention_with_a_bool_mask_or_on_the_cpu_stays():
     assert "Attention" in [n.op_type for n in graphopt.optimize(_onnx_attention()).model.graph]
 
 
-def test_a_row_an_onnx_attention_mask_masks_whole_gives_zeros():
+@pytest.mark.parametrize("masked", [-np.inf, np.finfo(np.float32).min])
+def test_a_row_an_onnx_attention_mask_masks_whole_gives_zeros(masked):
     # A left-padded sequence's padding rows mask every key: onnxruntime's kernel gives 0
-    # there, a plain Softmax NaN, which the next layer would spread to every token.
+    # there, a plain Softmax NaN, which the next layer would spread to every token. The kernel
+    # takes float32's lowest, transformers' mask value, as -inf: Softmax had averaged V.
     proto = _onnx_attention("float")
     mask = np.zeros((1, 1, 5, 5), np.float32)
-    mask[..., 1, :] = -np.inf
+    mask[..., 1, :] = masked
+    mask[..., 3, :2] = masked
     feeds = {**numerics.random_feeds(proto, seed=3), "m": mask}
     result = graphopt.optimize(proto, target="ascend310")
     got = numerics.run(result.to_onnx(), feeds)["y"]

@@ -7,7 +7,8 @@ for the form without past keys, soft-capping or a second output, with K and V of
 and with no mask, an additive float mask, or `is_causal` or opset 25's sliding window
 (`left_window_size`, `right_window_size`) over as many keys as queries (a constant -inf above
 the diagonal, or outside the band, as the spec's upper-left alignment gives). A row a mask
-masks whole gives 0, as onnxruntime's kernel gives it, where Softmax gives NaN. A boolean mask
+masks whole gives 0, as onnxruntime's kernel gives it, where Softmax gives NaN (a mask value
+of float32's lowest counts as -inf there, as in the kernel). A boolean mask
 stays: a row it masks whole comes out as onnxruntime's kernel decides. A diffusers VAE
 decoder exported at opset 23 kept its attention block and 33 of its 124 nodes on the host.
 """
@@ -21,7 +22,7 @@ from graphopt.ir.pattern import Optional, Var
 from graphopt.passes.fusion.device_kernels import npu_lacks
 from graphopt.passes.rules import Rule
 
-_BODY = ("MatMul", "Transpose", "Mul", "Add", "Softmax", "IsNaN", "Where")
+_BODY = ("MatMul", "Transpose", "Mul", "Add", "Softmax", "IsNaN", "Where", "Equal")
 
 
 class OnnxAttentionAsMatMuls(Rule):
@@ -74,6 +75,10 @@ class OnnxAttentionAsMatMuls(Rule):
         scores = op.Mul(op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2])),
                         op.const(np.array(scale, dtype)))
         if mask is not None:
+            # onnxruntime's kernel takes float32's lowest (what transformers writes) as -inf: a
+            # row of it gives 0, where Softmax of the finite sum averaged V over the row
+            lowest = op.const(np.array(np.finfo(dtype).min, dtype))
+            mask = op.Where(op.Equal(mask, lowest), op.const(np.array(-np.inf, dtype)), mask)
             scores = op.Add(scores, mask)
         if int(attention.attr("is_causal", 0)):
             length = q.shape[2]
