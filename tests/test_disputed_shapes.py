@@ -15,7 +15,8 @@ from helpers import IR_VERSION
 
 import graphopt
 from graphopt import numerics
-from graphopt.passes.disputed_shapes import ceil_mode_size, disputed_nodes, scaled_size
+from graphopt.passes.disputed_shapes import (ceil_mode_size, disputed_nodes, range_length,
+                                             scaled_size)
 
 
 def test_the_rule_gives_onnxruntimes_sizes():
@@ -446,3 +447,30 @@ def test_a_backward_slice_to_int_max_is_not_sized_as_inference_sizes_it(end, lev
         expected, actual = numerics.run(proto, feeds), numerics.run(out, feeds)
         for name, value in expected.items():
             np.testing.assert_array_equal(actual[name], value)
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_float_range_is_as_long_as_onnxruntime_makes_it(tmp_path, level):
+    # Range(0.1, 3.0, 0.1) in float32: onnxruntime makes 29 elements, ONNX inference says 30;
+    # at -O1 the .om declared [30] and refused every run.
+    bounds = [onnx.numpy_helper.from_array(np.array(v, np.float32), n)
+              for n, v in (("a", 0.1), ("l", 3.0), ("d", 0.1))]
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("Range", ["a", "l", "d"], ["r"]),
+         helper.make_node("Add", ["r", "i"], ["y"])], "g",
+        [helper.make_tensor_value_info("i", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], bounds),
+        opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+    feeds = {"i": np.array(0.5, np.float32)}
+    path = tmp_path / "range.om"
+    graphopt.save(graphopt.optimize(proto, level=level), path)
+    np.testing.assert_array_equal(graphopt.load(path).run(feeds)["y"],
+                                  numerics.run(proto, feeds)["y"])
+
+
+def test_range_lengths_follow_onnxruntime_and_inference_each():
+    f32 = np.float32
+    assert range_length(f32(0.1), f32(3.0), f32(0.1)) == 29
+    assert range_length(f32(0.1), f32(3.0), f32(0.1), narrow=f32) == 30
+    assert range_length(f32(0.0), f32(3.0), f32(1.0)) == 3  # exact: no dispute
+    assert range_length(f32(3.0), f32(0.0), f32(1.0)) == 0  # the wrong way: empty

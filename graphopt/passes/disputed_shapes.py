@@ -21,6 +21,9 @@ Each dispute was measured against onnxruntime 1.32 and onnx 1.19 over a grid of 
   frame_length of them (9 against 16 for frames of 16), which folded a Shape of it to 16;
 - a Slice with a negative step to an end of INT32_MAX or INT64_MAX: onnxruntime runs to the
   front (from 2: 3 rows), the spec and inference stop at once (0 rows).
+- a float Range of constant bounds: onnxruntime counts `ceil((limit - start) / delta)` with
+  the difference taken in double, inference with it rounded to the inputs' type first
+  (float32 0.1 to 3.0 by 0.1: 29 elements against 30, and the .om failed every run).
 
 A Loop body declares the shapes of its loop-carried inputs, and inference trusts them; yet a
 carried value may change shape from one iteration to the next (onnxruntime runs that). A
@@ -165,7 +168,30 @@ def disputed_dims(node: Node, opset: int) -> list[int]:
         return [2]  # [batch, frames, bins, 2]
     if node.op_type == "Slice":
         return _slice_dims(node, opset)
+    if node.op_type == "Range":
+        return _range_dims(node)
     return []
+
+
+def range_length(start: float, limit: float, delta: float, *, narrow=None) -> int:
+    """The length of Range(start, limit, delta): onnxruntime's, which divides the difference
+    in double, or with `narrow` (the inputs' numpy type) ONNX inference's, which rounds the
+    difference to that type first (float32 0.1 to 3.0 by 0.1: 29 elements against 30)."""
+    span = float(narrow(limit - start)) if narrow is not None else float(limit) - float(start)
+    return max(0, math.ceil(span / float(delta)))
+
+
+def _range_dims(node: Node) -> list[int]:
+    """[0] for a float Range of constant bounds whose length the two compute differently."""
+    bounds = [value.constant() if value is not None else None for value in node.inputs[:3]]
+    if len(bounds) != 3 or any(b is None or b.size != 1 or b.dtype.kind != "f" for b in bounds):
+        return []
+    start, limit, delta = (b.reshape(-1)[0] for b in bounds)
+    if delta == 0 or not all(map(np.isfinite, (start, limit, delta))):
+        return []
+    with np.errstate(over="ignore"):
+        narrow = range_length(start, limit, delta, narrow=start.dtype.type)
+    return [0] if narrow != range_length(start, limit, delta) else []
 
 
 def _slice_dims(node: Node, opset: int) -> list[int]:
