@@ -105,8 +105,9 @@ def _wrapped(text: str, room: int) -> list[str]:
             # After a separator where one falls in the line: a kernel signature's parts
             # (ascend310/conv/ | b1_m1024_k27_n16/ | float16) stay whole; a part longer than
             # the line breaks between its dims (b1_m3136_ | k576_n64/), not inside a number.
-            cut = max(word.rfind(mark, 0, room) for mark in "/.:") + 1 \
-                or word.rfind("_", 0, room) + 1 or room
+            fits = _fitting(word, room)  # the characters of `word` that fit in `room` columns
+            cut = max(word.rfind(mark, 0, fits) for mark in "/.:") + 1 \
+                or word.rfind("_", 0, fits) + 1 or max(fits, 1)
             lines.append(word[:cut])
             word = word[cut:]
         candidate = f"{current} {word}" if current else word
@@ -116,6 +117,16 @@ def _wrapped(text: str, room: int) -> list[str]:
         else:
             current = candidate
     return lines + [current]
+
+
+def _fitting(text: str, room: int) -> int:
+    """How many leading characters of `text` fit in `room` terminal columns."""
+    used = 0
+    for i, c in enumerate(text):
+        used += display_width(c)
+        if used > room:
+            return i
+    return len(text)
 
 
 def display_width(text: str) -> int:

@@ -188,6 +188,16 @@ def test_tables_pad_wide_characters_by_the_columns_they_take():
     assert [display_width(line) for line in lines] == [10, 10, 10, 10]
 
 
+def test_wrapped_cells_of_wide_characters_fit_the_width_in_columns():
+    # A 25-character CJK name (50 columns) was cut by characters into a 25-column slot: the
+    # line ran 38 columns past the terminal.
+    name = "漢字" * 12 + "漢"
+    lines = format_table(["name", "op", "n"], [[name, "Conv", 1], ["x", "Relu", 22]],
+                         width=30).splitlines()
+    assert max(display_width(line) for line in lines) <= 30, lines
+    assert "".join(line.split()[0] for line in lines[2:-1]) == name
+
+
 def test_file_names_with_line_breaks_or_odd_bytes_stay_one_line(tmp_path, capsys):
     import os
 
