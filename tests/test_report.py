@@ -906,3 +906,29 @@ def test_an_if_that_holds_the_network_is_drawn_with_what_its_branches_read(capsy
     assert ("in:x", node) in edges and ("in:c", node) in edges
     _, _, stdout = report(capsys, tmp_path, om)
     assert "1 partition(s), 1 node(s) and 2 inside If/Loop/Scan bodies" in stdout
+
+
+def test_placement_names_the_primary_device_and_a_model_without_nodes(tmp_path, capsys):
+    # The report had named the target where the device belongs ("primary device (ascend310)"),
+    # and inspect called a pass-through model's empty cpu partition the primary device.
+    passthrough = tmp_path / "identity.onnx"
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    onnx.save(helper.make_model(helper.make_graph([], "g", [value], [value]), ir_version=IR_VERSION,
+                                opset_imports=[helper.make_opsetid("", 17)]), passthrough)
+    relu = tmp_path / "relu.onnx"
+    onnx.save(parse_model("g (float[1, 3, 4, 4] x) => (float[1, 3, 4, 4] y) { y = Relu(x) }"),
+              relu)
+    for source, shown, page in (
+            (passthrough, "placement: no node to place (the model passes its inputs through)",
+             "<p>No node to place: the model passes its inputs through.</p>"),
+            (relu, "placement: every node on npu, the primary device of target ascend310",
+             "<p>Every node runs on the npu, the primary device of target ascend310: "
+             "no fallbacks.</p>")):
+        om = tmp_path / f"{source.stem}.om"
+        assert main(["optimize", str(source), "-o", str(om), "--target", "ascend310", "-q"]) == 0
+        capsys.readouterr()
+        rc, out, err = run_cli(capsys, "inspect", str(om))
+        assert rc == 0 and shown in out, out
+        html = tmp_path / f"{source.stem}.html"
+        rc, out, err = run_cli(capsys, "report", str(om), "-o", str(html))
+        assert rc == 0 and page in html.read_text(), err

@@ -312,7 +312,10 @@ def _format_fallbacks(info: dict, scope: str = "") -> str:
     fallbacks = info.get("fallbacks") or []
     of = f" of {scope}" if scope else ""
     if not fallbacks:
-        devices = {p.get("device") for p in info.get("partitions") or [] if isinstance(p, dict)}
+        parts = [p for p in info.get("partitions") or [] if isinstance(p, dict)]
+        if parts and not any(p.get("nodes") for p in parts):  # a model of its inputs alone
+            return f"placement{of}: no node to place (the model passes its inputs through)"
+        devices = {p.get("device") for p in parts}
         device = devices.pop() if len(devices) == 1 else "the primary device"
         return (f"placement{of}: every node on {device}, the primary device of target "
                 f"{info.get('target', '?')}")

@@ -303,8 +303,13 @@ def _placement(data: ReportData) -> str:
                        "compile with <code>--target NAME</code> to place nodes on devices.")
     fallbacks = info.get("fallbacks") or []
     if not fallbacks:
-        return (f"<p>Every node runs on the target's primary device "
-                f"({escape(str(info.get('target', '?')))}): no fallbacks.</p>")
+        parts = [p for p in info.get("partitions") or [] if isinstance(p, dict)]
+        if parts and not any(p.get("nodes") for p in parts):
+            return "<p>No node to place: the model passes its inputs through.</p>"
+        devices = {str(p.get("device")) for p in parts}
+        device = f"the {escape(devices.pop())}" if len(devices) == 1 else "the primary device"
+        return (f"<p>Every node runs on {device}, the primary device of target "
+                f"{escape(str(info.get('target', '?')))}: no fallbacks.</p>")
     reasons = Counter(f.get("reason", "?") for f in fallbacks)
     profiles = data.artifact.profiles
     # The record is the default profile's: the summary above counts each profile's.
