@@ -5,10 +5,13 @@ for work in several pieces (tune's kernels) a line as each piece ends."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
+
+from graphopt.table import display_width
 
 # In a log, a piece of several still shows it is alive this often (seconds).
 HEARTBEAT_S = 30.0
@@ -26,6 +29,27 @@ def compile_progress(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _COMPILE_PROGRESS.reset(token)
+
+
+def _stderr_columns() -> int | None:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _clipped(text: str) -> str:
+    """`text` cut to the terminal's width less a column: a line that wraps leaves a row behind
+    at every update, since a carriage return goes back to the start of its last row only."""
+    columns = _stderr_columns()
+    if columns is None:
+        return text
+    room = columns - 1
+    if room < 2 or display_width(text) <= room:
+        return text
+    while display_width(text) > room - 1:
+        text = text[:-1]
+    return text + "…"
 
 
 class ProgressLine:
@@ -60,8 +84,10 @@ class ProgressLine:
         if self.terminal:
             # A shorter line ("best 9.50 µs" after "best 125.43 µs") is padded over the
             # longer one's tail, which a carriage return alone would leave on screen.
-            print(f"\r{text.ljust(self._width)}", end="", file=sys.stderr, flush=True)
-            self._width = max(self._width, len(text))
+            text = _clipped(text)
+            shown = display_width(text)
+            print(f"\r{text}{' ' * (self._width - shown)}", end="", file=sys.stderr, flush=True)
+            self._width = max(self._width, shown)
             self._shown = True
             return
         # Workers' progress is polled: the same count comes again and again, the last

@@ -923,6 +923,22 @@ def test_progress_in_a_log_is_a_line_per_tenth_without_carriage_returns(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_progress_on_a_narrow_terminal_stays_one_row(capsys, monkeypatch):
+    # A 39-column line rewritten on a 30-column terminal wraps, and each carriage return
+    # went back to its last row only: every update left a stale row behind.
+    import graphopt.progress as progress
+
+    monkeypatch.setattr(progress, "_stderr_columns", lambda: 30)
+    line = progress.ProgressLine()
+    line.terminal = True
+    line.update("kernel 1/1  trial 10/10  best 24.27 µs", 10, 10)
+    line.update("kernel 1/1  trial 10/10", 10, 10)
+    err = capsys.readouterr().err
+    first, second = err.split("\r")[1:]
+    assert first == "kernel 1/1  trial 10/10  bes…" and len(first) == 29
+    assert second == "kernel 1/1  trial 10/10" + " " * 6  # covers the longer line's tail
+
+
 def test_progress_of_many_kernels_in_a_log_is_a_line_per_kernel_and_a_heartbeat(
         capsys, monkeypatch):
     import graphopt.progress as progress
