@@ -8,6 +8,7 @@ from graphopt.cli_optimize import add_fold_size_limit, add_pass_switches, switch
 from graphopt.cli_precision import add_precision_args, precision_options
 from graphopt.cli_types import JoinedShapes, input_shapes, path_text, target_name
 from graphopt.help_format import HelpFormatter
+from graphopt.table import wrap_to_terminal
 
 
 def add_partition_parser(sub) -> None:
@@ -55,5 +56,5 @@ def _cmd_partition(args) -> int:
         print(format_partitioning(result.partitioning, all_fallbacks=args.all_fallbacks))
         hint = dynamic_hint(result.model, result.partitioning, result.log)
         if hint:
-            print(f"hint: {hint}")
+            print(wrap_to_terminal(f"hint: {hint}"))
     return 0

@@ -7,7 +7,7 @@ import sys
 
 from graphopt.errors import OptionError
 from graphopt.progress import ProgressLine
-from graphopt.table import format_table
+from graphopt.table import format_table, wrap_to_terminal
 
 
 def _ms(seconds: float, objective: str) -> str:
@@ -53,27 +53,30 @@ def cmd_tune_subgraph(args, storage) -> int:
         result = tune_subgraph(job, trials=args.trials, timeout=args.timeout, seed=args.seed,
                                storage=url, study_name=args.study, sampler=args.sampler,
                                progress=progress, workers=args.workers, recording=recording)
-    title = (f"subgraph tuning on {args.target} -O{args.level} ({args.objective}; "
-             f"{result.space.size} combinations, {result.trials} trials; {url})")
+    combinations = "1 combination" if result.space.size == 1 else \
+        f"{result.space.size} combinations"
+    trials = "1 trial" if result.trials == 1 else f"{result.trials} trials"
+    title = wrap_to_terminal(f"subgraph tuning on {args.target} -O{args.level} "
+                             f"({args.objective}; {combinations}, {trials}; {url})")
     decisions = _decision_rows(result)
     # A compile without decisions gets its title alone, not a table of headers.
     print(format_table(["partition", "decision", "rewrites", "default", "tuned"], decisions,
                        title=title) if decisions else title)
     if result.hint:  # why the device's share is what it is (tune --job op says it too)
-        print(f"note: --target {args.target}: {result.hint}")
+        print(wrap_to_terminal(f"note: --target {args.target}: {result.hint}"))
     from graphopt.partition.target import is_builtin
     from graphopt.tuner.cpu_model import calibration_note
 
     if args.objective == "estimate" and target.name == "cpu" and is_builtin(target):
         calibrated = calibration_note()  # what priced every trial, when it is not as it should
         if calibrated:
-            print(f"note: {calibrated}")
+            print(wrap_to_terminal(f"note: {calibrated}"))
     costs = _cost_rows(result, args)
     if costs:
         print(format_table(["where", f"default {unit}", f"tuned {unit}"], costs))
         note = host_note(result, target.primary, target.host)
         if note:
-            print(note)
+            print(wrap_to_terminal(note))
     what = "measured, interleaved medians" if result.confirmed else args.objective
     default, best = result.confirmed or (result.default.seconds, result.best.seconds)
     # When the default is kept, the best candidate is only what the search found, not the result.
@@ -83,13 +86,15 @@ def cmd_tune_subgraph(args, storage) -> int:
     print(f"whole model ({what}): default {_ms(default, args.objective)} {unit}, {label} "
           f"{_ms(best, args.objective)} {unit}, {gain:.3f}x")
     if result.kept_default:
-        print(f"re-timed side by side, the search's best was {gain:.3f}x the default's speed, "
-              f"under the {MIN_MEASURED_GAIN:.0%} a measured choice must gain over noise: the "
-              "default decisions are kept")
+        print(wrap_to_terminal(
+            f"re-timed side by side, the search's best was {gain:.3f}x the default's speed, "
+            f"under the {MIN_MEASURED_GAIN:.0%} a measured choice must gain over noise: the "
+            "default decisions are kept"))
     elif result.space.size <= 1:
-        print(f"nothing to tune: the compile on {args.target} at -O{args.level} makes no "
-              "decision to switch (no rewrite of a tunable pass fires, no knob applies); the "
-              "default compile was priced once")
+        print(wrap_to_terminal(
+            f"nothing to tune: the compile on {args.target} at -O{args.level} makes no "
+            "decision to switch (no rewrite of a tunable pass fires, no knob applies); the "
+            "default compile was priced once"))
     elif not result.changes():
         print("the default decisions are the best found")
     if args.plot:

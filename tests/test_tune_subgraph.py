@@ -474,7 +474,7 @@ def test_a_model_without_decisions_is_priced_once_and_said_so(tmp_path, capsys):
         rc, out, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--job",
                                "subgraph", "--trials", "5", "--tuning-db", db)
         assert rc == 0, err
-        assert "(estimate; 1 combinations, 1 trials;" in out
+        assert "(estimate; 1 combination, 1 trial;" in out
         assert "nothing to tune: the compile on ascend310 at -O2 makes no decision" in out
         assert "decision  rewrites" not in out  # no table of headers alone
     # The op job says there is no cube kernel, not that dims need pinning: none are dynamic.
