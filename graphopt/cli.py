@@ -436,7 +436,13 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
 
             reason = failure_reason(storage_error)
             if reason:  # the database failed under a storage that had opened
-                print(f"graphopt: error: the tuning storage failed: {reason}", file=sys.stderr)
+                # Named as given: the storage the caught error came through may be a URL
+                named = [f"{flag} {getattr(args, dest)}" for flag, dest in
+                         (("--storage", "storage"), ("--tuning-db", "tuning_db"))
+                         if getattr(args, dest, None)]
+                where = f" ({named[0]})" if named else ""
+                print(f"graphopt: error: the tuning storage failed{where}: {reason}",
+                      file=sys.stderr)
                 return 1
         print(f"graphopt: internal error: {type(e).__name__}: {e} "
               "(set GRAPHOPT_DEBUG=1 for a traceback)", file=sys.stderr)

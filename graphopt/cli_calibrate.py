@@ -7,7 +7,7 @@ import sys
 
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import path_text, positive_thread_count, target_name
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 from graphopt.table import format_table
 
@@ -53,7 +53,7 @@ def _cmd_calibrate(args) -> int:
     if args.output:  # checked before the benchmarks, which take seconds
         check_output_path("-o", args.output)
         if not args.output.lower().endswith(".json"):  # a model given by mistake stays whole
-            raise OptionError(f"-o {args.output}: calibrate writes JSON (name it .json)")
+            raise UsageError(f"-o {args.output}: calibrate writes JSON (name it .json)")
     else:  # the default file's folder, created now (HOME may be unset, a file, read-only)
         try:
             os.makedirs(os.path.dirname(default_path()), exist_ok=True)

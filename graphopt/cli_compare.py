@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from graphopt.cli_paths import check_output_path
+from graphopt.cli_paths import check_output_path, refuse_model_name
 from graphopt.cli_types import (JoinedShapes, cosine, input_shapes, non_negative_int, path_text,
                                 tolerance)
 from graphopt.errors import OptionError
@@ -98,6 +98,7 @@ def _check_options(args) -> None:
         check_output_path("--csv", args.csv, {"the reference": args.reference,
                                               "the candidate": args.candidate,
                                               "--inputs": args.inputs})
+        refuse_model_name("--csv", args.csv, "compare writes CSV")
 
 
 def _winograd_note(pass_log: list) -> str | None:

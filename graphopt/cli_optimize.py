@@ -11,7 +11,7 @@ from graphopt.cli_paths import check_output_path
 from graphopt.cli_precision import add_precision_args, precision_options
 from graphopt.cli_types import (JoinedShapes, dynamic_dims, input_shapes, name_text, parse_size,
                                 path_text, target_name, tolerance)
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 from graphopt.option_names import flags_spelled, spelled
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
@@ -139,7 +139,7 @@ def _optimize(args) -> int:
         check_output_path("--memory-plot", args.memory_plot, {"the model": args.model,
                                                               "-o": args.output})
     if not (writes_onnx(args.output) or writes_om(args.output)):
-        raise OptionError(f"-o {args.output}: the output must end in .onnx or .om")
+        raise UsageError(f"-o {args.output}: the output must end in .onnx or .om")
     check_file_name("-o", args.output)
     if args.memory_plot:
         check_file_name("--memory-plot", args.memory_plot)
@@ -159,7 +159,7 @@ def _optimize(args) -> int:
         if value is not None and not args.verify:  # it would judge nothing, silently
             raise OptionError(f"{flag} is only used with --verify")
     if args.memory_plot and not args.memory_plot.lower().endswith((".png", ".svg")):
-        raise OptionError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
+        raise UsageError(f"--memory-plot {args.memory_plot}: the picture must end in .png or .svg")
     if (args.memory_plot or args.memory_reorder) and not (args.target or writes_om(args.output)):
         raise OptionError("--memory-plot/--memory-reorder plan an artifact's memory: "
                           "write an .om or give --target")

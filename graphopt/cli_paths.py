@@ -7,7 +7,7 @@ import os
 import tempfile
 
 from graphopt.atomic import destination, is_special_file, side_name
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 
 
 def check_output_path(option: str, path: str,
@@ -35,6 +35,17 @@ def check_output_path(option: str, path: str,
             raise OptionError(f"{option} {path}: holds the weights of {what} ({source}); write "
                               "the output elsewhere")
     _check_writable(option, path, target)
+
+
+def refuse_model_name(option: str, path: str, writes: str) -> None:
+    """UsageError when a text output (a report, a CSV, a trace) is named as a model: `-o
+    x.onnx` replaced whatever model was there with text; or as "-", which other commands read
+    as standard output, where these wrote a file of that name."""
+    if os.fspath(path) == "-":
+        raise UsageError(f"{option} -: {writes} to a file; for standard output give "
+                         "/dev/stdout")
+    if os.fspath(path).lower().endswith((".onnx", ".om")):
+        raise UsageError(f"{option} {path}: {writes}, not a model; name it otherwise")
 
 
 def _reads_weights_from(model_path: str, target: str) -> bool:

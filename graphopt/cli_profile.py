@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from graphopt.cli_paths import check_output_path
+from graphopt.cli_paths import check_output_path, refuse_model_name
 from graphopt.cli_types import (JoinedShapes, input_shapes, non_negative_int, path_text,
                                 positive_int, run_count, thread_count, warmup_count)
 from graphopt.errors import OptionError
@@ -84,6 +84,7 @@ def _cmd_profile(args) -> int:
         check_output_path("--trace", args.trace, {"the model": args.model,
                                                   "--inputs": args.inputs,
                                                   "--calibration": args.calibration})
+        refuse_model_name("--trace", args.trace, "profile writes a JSON trace")
     shapes = parse_input_shapes(args.input_shape) if args.input_shape else None
     feeds = args.inputs  # profile_model reads it, and names it when it does not fit
     profile = profile_model(args.model, feeds, repeat=args.repeat, warmup=args.warmup,

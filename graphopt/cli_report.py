@@ -7,7 +7,7 @@ import os
 from graphopt.cli_compare import add_rule_options, check_rule_options
 from graphopt.cli_paths import check_output_path
 from graphopt.cli_types import JoinedShapes, input_shapes, path_text
-from graphopt.errors import OptionError
+from graphopt.errors import OptionError, UsageError
 from graphopt.help_format import HelpFormatter
 from graphopt.input_files import looks_like_zip
 
@@ -60,7 +60,7 @@ def _output_path(args) -> str:
                       {"the .om itself": args.model, "--reference": args.reference,
                        "--inputs": args.inputs, "--tuning-db": args.tuning_db})
     if not out.lower().endswith((".html", ".htm")):  # a file named by mistake stays whole
-        raise OptionError(f"-o {out}: report writes an HTML page (name it .html)")
+        raise UsageError(f"-o {out}: report writes an HTML page (name it .html)")
     return out
 
 

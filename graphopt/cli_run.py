@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 
-from graphopt.cli_paths import check_output_path
+from graphopt.cli_paths import check_output_path, refuse_model_name
 from graphopt.cli_types import (JoinedShapes, input_shapes, non_negative_int, path_text,
                                 run_count, thread_count, warmup_count)
-from graphopt.errors import InputError, OptionError, naming, one_line
+from graphopt.errors import InputError, OptionError, UsageError, naming, one_line
 from graphopt.help_format import HelpFormatter
 from graphopt.input_files import looks_like_zip
 from graphopt.source_marks import extra_fixed_inputs, extra_preprocessing
@@ -117,7 +117,7 @@ def _check_run_options(args) -> int:
         check_output_path("--outputs", args.outputs, {"the model": args.model,
                                                       "--inputs": args.inputs})
         if not args.outputs.lower().endswith(".npz"):  # a file named by mistake stays whole
-            raise OptionError(f"--outputs {args.outputs}: run writes an .npz (name it .npz)")
+            raise UsageError(f"--outputs {args.outputs}: run writes an .npz (name it .npz)")
     return DEFAULT_WARMUP if args.warmup is None else args.warmup
 
 
@@ -255,6 +255,7 @@ def _cmd_inspect(args) -> int:
         args.output = None
     if args.output:
         check_output_path("-o", args.output, {"the model": path})
+        refuse_model_name("-o", args.output, "inspect writes text or JSON")
     # By content, with the suffix as a tie-breaker: a broken .om gets load_om's precise reason,
     # an ONNX model named .om is shown as one.
     if is_om(path) or looks_like_zip(path) or (path.lower().endswith(".om")

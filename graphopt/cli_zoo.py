@@ -40,7 +40,7 @@ def _cmd_zoo_build(args) -> int:
     if os.path.isdir(args.output):
         raise OptionError(f"-o {args.output}: is a directory, expected a file path")
     if not writes_onnx(args.output):
-        raise OptionError(f"-o {args.output}: zoo build writes ONNX (name it .onnx); compile it "
+        raise UsageError(f"-o {args.output}: zoo build writes ONNX (name it .onnx); compile it "
                           "to an .om with graphopt optimize")
     try:
         proto = zoo.build(args.name)

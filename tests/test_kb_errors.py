@@ -167,8 +167,8 @@ def test_an_error_optuna_raises_while_cleaning_up_after_the_database_is_named(
 
     monkeypatch.setattr(kb, "list_kb", cleanup_fails)
     rc, _, err = run_cli(capsys, "kb", "list", "--tuning-db", built["db"])
-    assert_user_error(rc, err, "the tuning storage failed: server closed the connection "
-                               "unexpectedly")
+    assert_user_error(rc, err, f"the tuning storage failed (--tuning-db {built['db']}): server "
+                               "closed the connection unexpectedly")
 
 
 def test_a_storage_error_in_a_background_thread_is_one_line(built, capsys, monkeypatch):

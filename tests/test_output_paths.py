@@ -141,7 +141,7 @@ def test_calibrate_checks_its_output_before_measuring(files, capsys, monkeypatch
     assert rc == 1 and "is a directory" in err, err
     before = open(files["model"], "rb").read()  # a model named by mistake is left whole
     rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", files["model"])
-    assert rc == 1 and "calibrate writes JSON (name it .json)" in err, err
+    assert rc == 2 and "calibrate writes JSON (name it .json)" in err, err
     assert open(files["model"], "rb").read() == before
     # An empty -o (an unset shell variable) read as no -o: the default file was replaced.
     rc, _, err = run_cli(capsys, "calibrate", "--quick", "-o", "")
@@ -157,8 +157,35 @@ def test_run_and_report_write_only_files_named_for_what_they_write(files, capsys
                           (["report", files["om"], "-o", victim],
                            "report writes an HTML page (name it .html)")):
         rc, _, err = run_cli(capsys, *argv)
-        assert rc == 1 and message in err, err
+        assert rc == 2 and message in err, err
         assert victim.read_text() == "keep me"
+
+
+def test_text_outputs_named_as_a_model_or_a_dash_are_refused(files, capsys, tmp_path):
+    # inspect -o, compare --csv and profile --trace replaced a model named so with text, and
+    # wrote a file named "-" where a pipeline meant standard output.
+    victim = tmp_path / "other.om"
+    victim.write_bytes(b"keep me")
+    for argv, message in (
+            (["inspect", files["om"], "-o", victim], "inspect writes text or JSON, not a model"),
+            (["compare", files["model"], files["om"], "--csv", victim],
+             "compare writes CSV, not a model"),
+            (["profile", files["om"], "--inputs", files["inputs"], "--trace", victim],
+             "profile writes a JSON trace, not a model"),
+            (["compare", files["model"], files["om"], "--csv", "-"],
+             "--csv -: compare writes CSV to a file; for standard output give /dev/stdout")):
+        rc, _, err = run_cli(capsys, *argv)
+        assert rc == 2 and message in err, err
+        assert victim.read_bytes() == b"keep me" and not os.path.exists("-")
+
+
+def test_a_broken_entry_in_a_calibration_folder_is_named(files, capsys, tmp_path):
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    (folder / "gone.npz").symlink_to(tmp_path / "missing.npz")
+    rc, _, err = run_cli(capsys, "optimize", files["model"], "-o", tmp_path / "q.onnx",
+                         "--quantize", "int8", "--calibration", folder)
+    assert rc == 1 and "gone.npz: cannot read it (No such file or directory)" in err, err
 
 
 # --- destinations that refuse the write ------------------------------------------------------

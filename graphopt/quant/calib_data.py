@@ -337,8 +337,12 @@ def check_calibration(path: str | os.PathLike, graph: Graph) -> CalibrationData:
 
 def _load(file: str) -> dict[str, np.ndarray]:
     # Not a zip, numpy tries it as a pickle and says to "load it unsafely": never the advice.
-    with open(file, "rb") as handle:
-        head = handle.read(6)
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(6)
+    except OSError as e:  # a dangling link or a folder named *.npz in a directory of samples
+        raise OptionError(f"{calibration_label(file)}: cannot read it "
+                          f"({e.strerror or e})") from None
     if not head.startswith((b"\x93NUMPY", b"PK")):  # a damaged zip gets numpy's reason
         raise OptionError(f"{calibration_label(file)}: "
                           "not an .npz archive of named arrays (write one "
