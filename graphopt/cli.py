@@ -390,8 +390,10 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
     error_status = getattr(args, "error_status", 1)
     written: list[str] = []
 
-    def stopped(message: str) -> str:  # what the interrupted command had put in place already
-        return message + (f" (after writing {', '.join(written)})" if written else "")
+    def stopped(message: str) -> str:  # what the stopped command had put in place already
+        shown = ", ".join(written[:3]) + (f" and {len(written) - 3} more file(s)"
+                                          if len(written) > 3 else "")  # a dump's hundreds
+        return message + (f" (after writing {shown})" if written else "")
 
     try:
         with _terminate_as_interrupt(), streams_as_files(args, copies), \
@@ -406,8 +408,8 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
     except UsageError as e:
         print(f"graphopt: error: {e}", file=sys.stderr)
         return 2
-    except GraphoptError as e:
-        print(f"graphopt: error: {e}", file=sys.stderr)
+    except GraphoptError as e:  # a later step's (a plot after the .om) says what is in place
+        print(stopped(f"graphopt: error: {e}"), file=sys.stderr)
         return error_status
     except Terminated as e:
         print(stopped(e.message), file=sys.stderr)
@@ -418,7 +420,7 @@ def _run_guarded(args, copies: dict[str, str]) -> int:
     except ReaderGone:  # output piped into `head` and the like: stop quietly
         return _reader_gone()
     except (ClosedStreamError, OutputFailed) as e:  # started with `>&-`, or a full disk
-        print(f"graphopt: error: {e}", file=sys.stderr)
+        print(stopped(f"graphopt: error: {e}"), file=sys.stderr)
         return error_status
     except Exception as e:  # noqa: BLE001 - a one-line report; GRAPHOPT_DEBUG=1 shows the traceback
         if os.environ.get("GRAPHOPT_DEBUG"):

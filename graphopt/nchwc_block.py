@@ -119,7 +119,7 @@ def _remember(key: str, block: int) -> None:
         return
     import json
 
-    from graphopt.atomic import atomic_write_bytes
+    from graphopt.atomic import atomic_write_bytes, scratch_writes
 
     path = _probes_path()
     try:
@@ -132,7 +132,8 @@ def _remember(key: str, block: int) -> None:
     known = dict(list(known.items())[-(_KEPT_PROBES - 1):] + [(key, block)])
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        atomic_write_bytes(path, json.dumps(known, indent=1).encode("utf-8"))
+        with scratch_writes():  # a cache, not one of the command's outputs to name
+            atomic_write_bytes(path, json.dumps(known, indent=1).encode("utf-8"))
     except OSError:
         pass
 

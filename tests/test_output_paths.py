@@ -242,6 +242,24 @@ def test_a_failed_write_of_optimize_is_a_one_line_error(files, capsys, monkeypat
     assert os.listdir(tmp_path) == []
 
 
+def test_an_error_after_the_om_is_in_place_says_it_was_written(files, capsys, monkeypatch,
+                                                                tmp_path):
+    # A full disk under the memory plot, after the .om had landed: the message named the plot
+    # alone, and a user could not tell whether the .om was good.
+    import graphopt.passes.memory as memory
+
+    def disk_full(plan, path, **_):
+        raise OutputError(f"cannot write {path}: No space left on device")
+
+    monkeypatch.setattr(memory, "draw_plan", disk_full)
+    om, plot = tmp_path / "o.om", tmp_path / "p.svg"
+    rc, _, err = run_cli(capsys, "optimize", files["model"], "-o", om, "--target", "cpu",
+                         "--memory-plot", plot, "-q")
+    assert rc == 1 and err == (f"graphopt: error: cannot write {plot}: No space left on device "
+                               f"(after writing {om})\n"), err
+    assert graphopt.load(str(om))
+
+
 # --- a model and its external data: replaced together or not at all ---------------------------
 
 
