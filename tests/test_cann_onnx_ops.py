@@ -168,3 +168,21 @@ def test_a_form_the_page_does_not_list_stays_on_the_host_naming_the_attribute(
     (found,) = {r for n, r in result.partitioning.fallbacks() if n.op_type == op}
     assert found.startswith(reason), found
     _assert_runs_as_original(proto, path, {"x": _floats(1, 8, 32, 32)})
+
+
+@pytest.mark.parametrize("target", NPU_TARGETS)
+def test_a_resize_with_opset_18s_attributes_set_stays_on_the_host(target):
+    # CANN's Resize page (opsets 10-18) has no antialias or keep_aspect_ratio_policy: an
+    # antialiased downscale had been placed on the NPU, which would run it without the filter.
+    model = load_onnx(parse_model("""
+        g (float[1,3,16,16] x) => (float[1,3,8,8] a, float[1,3,8,8] b, float[1,3,8,8] c) {
+            a = Resize <mode = "linear"> (x, , scales)
+            b = Resize <mode = "linear", antialias = 1> (x, , scales)
+            c = Resize <mode = "linear", keep_aspect_ratio_policy = "not_larger"> (x, , , sizes)
+        }""", header='<ir_version: 9, opset_import: ["" : 19]>\n',
+        scales=np.array([1, 1, 0.5, 0.5], np.float32), sizes=np.array([1, 3, 8, 8], np.int64)))
+    infer_shapes(model)
+    placed = {n.outputs[0].name: p for n, p in place(model, load_target(target)).items()}
+    assert placed["a"].device == "npu"
+    assert placed["b"].device == "cpu" and "antialias=1 of Resize: takes 0" in placed["b"].reason
+    assert placed["c"].device == "cpu" and "keep_aspect_ratio_policy='not_larger'" in placed["c"].reason
