@@ -44,6 +44,25 @@ def test_mish_runs_on_the_npu_as_softplus_tanh_and_mul():
     assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-5, 1e-6)
 
 
+@pytest.mark.parametrize("alpha", ["", "<alpha = 1.702>"])
+def test_swish_runs_on_the_npu_as_sigmoid_and_mul(alpha):
+    # Opset 24's Swish: no NPU kernel, and the Conv before it went to the host with it.
+    proto = parse_model(f"""
+g (float[1, 4, 8, 8] x) => (float[1, 4, 8, 8] y) {{
+  c = Conv <pads = [1, 1, 1, 1]> (x, w)
+  y = Swish {alpha} (c)
+}}""", header='<ir_version: 11, opset_import: ["" : 24]>\n',
+        w=np.random.default_rng(0).standard_normal((4, 4, 3, 3)).astype(np.float32))
+    result = graphopt.optimize(proto, target="ascend310")
+    assert "Swish" not in [n.op_type for n in result.model.graph]
+    assert [p.device for p in result.partitioning.partitions] == ["npu"]
+    assert result.log.totals()["ExpandForDevice"]["rewrites"] == {"SwishAsSigmoid": 1}
+    feeds = numerics.random_feeds(proto, seed=1)
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["y"],
+                               numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-5)
+    assert "Swish" in [n.op_type for n in graphopt.optimize(proto, target="cpu").model.graph]
+
+
 def test_mish_stays_one_op_where_the_cpu_runs_it():
     for target in (None, "cpu"):
         ops = [n.op_type for n in graphopt.optimize(_mish_net(), target=target).model.graph]

@@ -2,6 +2,7 @@
 it has, so it stays on the device instead of sending its neighbourhood to the host.
 
     Mish(x)  →  x · Tanh(Softplus(x))        (ONNX's own definition of Mish, opset 18)
+    Swish(x) →  x · Sigmoid(α · x)           (ONNX's Swish, opset 24; α = 1: x · Sigmoid(x))
 
 The dynamo exporter writes `nn.Mish` as the one ONNX op (TorchScript writes the three): CANN's
 ONNX operator list has Softplus, Tanh and Mul but no Mish, and a YOLOv4-style backbone on
@@ -14,6 +15,8 @@ for an NPU without them.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from graphopt.ir import DType
 from graphopt.passes.base import register
@@ -41,13 +44,32 @@ class MishAsSoftplusTanh(Rule):
         return op.Mul(x, op.Tanh(op.Softplus(x)))
 
 
+class SwishAsSigmoid(Rule):
+    """Swish(x) → x · Sigmoid(α·x) on an NPU with Sigmoid but no Swish: opset 24's op had sent
+    the Conv before it to the host with it."""
+
+    dtypes = (DType.FLOAT, DType.FLOAT16)
+
+    def pattern(self, op, x):
+        return op.Swish(x, _name="swish")
+
+    def unsupported(self, root, target=None):
+        return npu_lacks(target, root, "Swish", ("Sigmoid", "Mul")) \
+            or super().unsupported(root, target)
+
+    def rewrite(self, op, x, swish, **_):
+        alpha = float(swish.attr("alpha", 1.0))
+        scaled = x if alpha == 1.0 else op.Mul(x, op.const(np.array(alpha, x.dtype.numpy)))
+        return op.Mul(x, op.Sigmoid(scaled))
+
+
 @register
 class ExpandForDevice(RulePass):
     name = "ExpandForDevice"
-    description = ("rewrite ops the device running them lacks (Mish, GroupNormalization, "
+    description = ("rewrite ops the device running them lacks (Mish, Swish, GroupNormalization, "
                    "Attention; onnxruntime's Attention and EmbedLayerNormalization) in ONNX ops "
                    "it has")
-    rules = (MishAsSoftplusTanh, AttentionAsMatMuls, MaskIndexCounted, EmbedLayerNormAsGathers,
+    rules = (MishAsSoftplusTanh, SwishAsSigmoid, AttentionAsMatMuls, MaskIndexCounted, EmbedLayerNormAsGathers,
              GroupNormAsInstanceNorm, OnnxAttentionAsMatMuls)
 
 
