@@ -718,7 +718,7 @@ def attribute_twice() -> onnx.ModelProto:
      r"node 'pool1' \(MaxPool\).*kernel_shape must only contain positive values"),
     ("prelu_opset6",
      r"node writing '\w+' \(PRelu\): onnxruntime \S+ has no CPU kernel for PRelu version 6 \(its "
-     r"kernels cover versions 7-8, 9-15, 16\+\); onnx.version_converter can move the model"),
+     r"kernels cover versions 7-8, 9-15, 16\); onnx.version_converter can move the model"),
     ("cast_to_float4",
      r"node writing '\w+' \(Cast\): onnxruntime's CPU provider has no Cast-23 kernel for these dtypes "
      r"\(x float32, y float4e2m1\), so no session can load it"),

@@ -138,8 +138,9 @@ def cpu_kernel_gap(op: str, domain: str, since_version: int) -> str | None:
     if not ranges or any(kernel_takes_version(first, last, since_version)
                          for first, last in ranges):
         return None
-    spans = ", ".join(f"{a}+" if b == OPEN_ENDED else (f"{a}" if a == b else f"{a}-{b}")
-                      for a, b in ranges)
+    # A kernel registered without a last version runs its own schema version alone (see
+    # kernel_takes_version): "25+" had read as covering 28.
+    spans = ", ".join(f"{a}" if a == b or b == OPEN_ENDED else f"{a}-{b}" for a, b in ranges)
     return (f"onnxruntime {ort_version()} has no CPU kernel for {op_key(op, domain)} version "
             f"{since_version} (its kernels cover versions {spans})")
 
