@@ -17,7 +17,7 @@ from graphopt.ir import Model, to_onnx
 from graphopt.ir.onnx_io import is_repeated_field
 from graphopt.ir.tensor import stat_identity
 from graphopt.passes import PassLog
-from graphopt.portable_types import residual_types_kept
+from graphopt.portable_types import residual_sums, residual_types_kept
 
 if TYPE_CHECKING:
     from graphopt.partition import Partitioning
@@ -58,7 +58,8 @@ class OptimizeResult:
         return sum(self.ops_before.values())
 
     def to_onnx(self) -> ModelProto:
-        return to_onnx(self.model, value_infos=residual_types_kept(self.model))
+        with residual_sums(self.model):
+            return to_onnx(self.model, value_infos=residual_types_kept(self.model))
 
     def __repr__(self) -> str:
         """One line (the dataclass's own would print the model and every pass record)."""

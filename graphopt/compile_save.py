@@ -18,7 +18,7 @@ from graphopt.ir.onnx_io import check_no_external_references
 from graphopt.ir.tensor import external_initializers, tensor_references
 from graphopt.option_names import from_command_line, option
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
-from graphopt.portable_types import residual_types_kept
+from graphopt.portable_types import residual_sums, residual_types_kept
 from graphopt.source_marks import (EXTRA_CUT, EXTRA_FIXED_INPUTS, EXTRA_IO_TYPES,
                                    EXTRA_PREPROCESS, EXTRA_RESCALED, cut_outputs,
                                    inserted_preprocessing, io_types, rescaled_values)
@@ -94,8 +94,11 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
     if not writes_onnx(path):
         raise OptionError(f"{path}: save writes .onnx (optimized ONNX) or .om (the artifact); "
                           "name the file so")
-    save_onnx(model, path, external=external_data,
-              value_infos=residual_types_kept(model) if isinstance(model, Model) else True)
+    if not isinstance(model, Model):
+        save_onnx(model, path, external=external_data)
+        return
+    with residual_sums(model):
+        save_onnx(model, path, external=external_data, value_infos=residual_types_kept(model))
 
 
 def _source_sha256(result: OptimizeResult) -> str | None:
