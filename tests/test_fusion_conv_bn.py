@@ -526,11 +526,27 @@ def test_pad_not_folded_into_average_pool_when_pads_would_reach_the_kernel():
     _refuses(_pad_into(AVG.format(cip=1), cout=3), "PadAveragePool", "pad < kernel")
 
 
-def test_pad_not_folded_into_max_pool():
+def test_a_zero_pad_is_not_folded_into_max_pool():
     # MaxPool's own padding is −∞: a zero Pad changes every window that sees it.
-    proto = _pad_into("MaxPool(p) <kernel_shape = [3, 3]>", cout=3)
-    model, result, _ = _fuse(proto)
-    assert not result.changed and _ops(model) == ["Pad", "MaxPool"]
+    _refuses(_pad_into("MaxPool(p) <kernel_shape = [3, 3]>", cout=3), "PadMaxPool",
+             "Pad value is 0.0, not -inf")
+
+
+def test_a_minus_inf_pad_folds_into_max_pool():
+    # timm's MaxPool2dSame: F.pad(x, …, value=-inf) and a MaxPool without padding.
+    proto = _pad_into("MaxPool(p) <kernel_shape = [3, 3], strides = [2, 2]>", cout=3,
+                      pads=(0, 0, 0, 1, 0, 0, 1, 1), fill=-np.inf)
+    model = _fires(proto, "PadMaxPool", ["MaxPool"])
+    assert model.graph.nodes()[0].attr("pads") == [0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("pool, reason", [
+    ("MaxPool(p) <kernel_shape = [3, 3], ceil_mode = 1>", "ceil_mode"),
+    ("MaxPool(p) <kernel_shape = [3, 3], dilations = [2, 2]>", "dilations"),
+    ("MaxPool(p) <kernel_shape = [2, 2]>", "pad < kernel")])
+def test_a_minus_inf_pad_stays_before_a_max_pool_it_would_change(pool, reason):
+    _refuses(_pad_into(pool, cout=3, pads=(0, 0, 2, 1, 0, 0, 1, 2), fill=-np.inf), "PadMaxPool",
+             reason)
 
 
 # -- realistic nets -----------------------------------------------------------------------------

@@ -366,8 +366,9 @@ class PadConv(Rule):
         if reason or x.shape is None:
             return f"Pad {reason}" if reason else f"the rank of %{x.name} is unknown"
         fill = value.constant() if value is not None else pad.attr("value", 0.0)
-        if np.any(np.asarray(fill) != 0) or np.any(np.signbit(fill)):  # the pads are +0.0
-            return f"Pad value is {np.ravel(fill)[0]}, not 0"
+        problem = self.fill_problem(np.asarray(fill))
+        if problem:
+            return problem
         rank = len(x.shape)
         amounts = pads.constant() if pads is not None else np.array(pad.attr("pads") or [])
         axes = axes.constant() if axes is not None else np.arange(rank)
@@ -379,6 +380,12 @@ class PadConv(Rule):
             return "Pad touches the batch or channel axis, or crops"
         extra = full[:, 2:].ravel().tolist()
         return [a + e for a, e in zip(node.attr("pads") or [0] * len(extra), extra)]
+
+    def fill_problem(self, fill: np.ndarray) -> str | None:
+        """Why the Pad's value is not the one the node's own padding stands for (+0.0)."""
+        if np.any(fill != 0) or np.any(np.signbit(fill)):
+            return f"Pad value is {np.ravel(fill)[0]}, not 0"
+        return None
 
     def check(self, node, pad, x, pads=None, value=None, axes=None):
         merged = self.merged(node, pad, x, pads, value, axes)
@@ -404,12 +411,37 @@ class PadAveragePool(PadConv):
         return merged
 
 
+class PadMaxPool(PadConv):
+    """Pad(-inf) → MaxPool(ceil_mode=0): into the pool's pads, which no window's max takes.
+    timm's MaxPool2dSame exports so: the Pad copied a 1×64×112×112 map (0.96× the export's time
+    against 0.63× folded)."""
+
+    def pattern(self, op):
+        return op.MaxPool(_padded(op), _name="node")
+
+    def fill_problem(self, fill: np.ndarray) -> str | None:
+        if not np.all(np.isneginf(fill)):
+            return f"Pad value is {np.ravel(fill)[0]}, not -inf"
+        return None
+
+    def merged(self, node, pad, x, pads=None, value=None, axes=None):
+        if node.attr("ceil_mode", 0) or any(d != 1 for d in node.attr("dilations") or []) \
+                or any(o is not None and o.uses for o in node.outputs[1:]):
+            # ceil_mode: onnxruntime drops a last window that starts in the pool's own padding,
+            # not in a Pad's data; a dilated window may hold padding alone; Indices count pads
+            return "MaxPool has ceil_mode, dilations or a read Indices output"
+        merged, kernel = super().merged(node, pad, x, pads, value, axes), node.attr("kernel_shape")
+        if not isinstance(merged, str) and any(p >= k for p, k in zip(merged, list(kernel) * 2)):
+            return f"pads {merged} would reach the kernel {kernel} (onnxruntime needs pad < kernel)"
+        return merged
+
+
 @register
 class FuseConvBatchNorm(RulePass):
     name = "FuseConvBatchNorm"
     description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
-    rules = (PadConv, PadAveragePool, ConvCropPads, ConvBatchNorm, ConcatBatchNorm,
+    rules = (PadConv, PadAveragePool, PadMaxPool, ConvCropPads, ConvBatchNorm, ConcatBatchNorm,
              ConvTransposeBatchNorm, GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm,
              MatMulReshapeBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale)
 
