@@ -439,7 +439,7 @@ class PadMaxPool(PadConv):
 @register
 class FuseConvBatchNorm(RulePass):
     name = "FuseConvBatchNorm"
-    description = "fold BatchNorm, per-channel Add/Mul and zero Pads into Conv/Gemm/MatMul/pools"
+    description = "fold BatchNorm, per-channel Add/Mul and Pads into Conv/Gemm/MatMul/pools"
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
     rules = (PadConv, PadAveragePool, PadMaxPool, ConvCropPads, ConvBatchNorm, ConcatBatchNorm,
              ConvTransposeBatchNorm, GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm,
