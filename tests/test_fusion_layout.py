@@ -451,6 +451,23 @@ def test_concat_of_split_refused(kwargs, reason):
     assert any(reason in line for line in trace), trace
 
 
+def test_nested_concats_along_one_axis_join_once():
+    model, stats, _ = run(header(17) + """
+    g (float[1, 2, 4] a, float[1, 3, 4] b, float[1, 1, 4] c, float[1, 2, 4] d)
+      => (float[1, 8, 4] y, float[2, 8, 4] z) {
+        inner = Concat <axis = -2> (b, c)
+        y = Concat <axis = 1> (a, inner, d)
+        kept = Concat <axis = 0> (a, d)
+        other = Concat <axis = 0> (kept, kept)
+        z = Concat <axis = 1> (other, other, other, other)
+    }""", "SimplifySlicing")
+    assert stats == {"ConcatOfConcat": 1}
+    joined = [n for n in model.graph if n.output.name == "y"][0]
+    assert [v.name for v in joined.inputs] == ["a", "b", "c", "d"]
+    # along another axis, or read twice, an inner Concat stays
+    assert ops(model).count("Concat") == 4
+
+
 def test_split_output_read_elsewhere_is_refused():
     text = concat_of_split(outputs=", float[?, ?] z").replace(
         "y = Relu(c)", "y = Relu(c)\n        z = Neg(s2)")

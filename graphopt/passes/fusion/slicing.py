@@ -396,15 +396,43 @@ class ConcatOfSplit(HandMatchedRule):
         return x
 
 
+class ConcatOfConcat(HandMatchedRule):
+    """Concat(a, Concat(b, c), d) along one axis → Concat(a, b, c, d), where only the outer
+    Concat reads the inner one: a copy of every element saved (nested joins of [1, 64, 160,
+    160] maps ran 0.98× the model's time compiled, 0.73× joined once, in a one-off timing)."""
+
+    root_op = "Concat"
+
+    def match(self, node):
+        if not node.is_onnx:
+            return Miss(node, 0, "not an ONNX Concat")
+        rank = next((len(v.shape) for v in (node.output, *node.inputs)
+                     if v is not None and v.shape is not None), None)
+        along = _axis(node.attr("axis"), rank)
+        inner = [v.producer for v in node.inputs
+                 if v is not None and v.producer is not None and v.producer.op_type == "Concat"
+                 and v.producer.is_onnx and v.producer.graph is node.graph
+                 and len(v.uses) == 1 and not v.is_graph_output
+                 and along is not None and _axis(v.producer.attr("axis"), rank) == along]
+        if not inner:
+            return Miss(node, 0, "no input is a Concat along the same axis that it alone reads")
+        return Match(node, {"root": node, "inner": inner}, [node] + inner)
+
+    def rewrite(self, op, root, inner):
+        joined = [piece for value in root.inputs for piece in
+                  (value.producer.inputs if value.producer in inner else [value])]
+        return op.Concat(*joined, axis=root.attr("axis"))
+
+
 @register
 class SimplifySlicing(RulePass):
     name = "SimplifySlicing"
-    description = ("merge Concats of adjacent Slices; cancel Slice∘Concat and Concat∘Split; "
-                   "SequenceAt of a SplitToSequence becomes a Slice; a GatherND reading its "
-                   "input in order becomes a Reshape; a Gather of a piece of a split last axis "
-                   "becomes a Slice of it")
-    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit, SequenceAtOfSplit, GatherNDInOrder,
-             GatherOfUnpackedPieces)
+    description = ("merge Concats of adjacent Slices, and nested Concats; cancel Slice∘Concat "
+                   "and Concat∘Split; SequenceAt of a SplitToSequence becomes a Slice; a "
+                   "GatherND reading its input in order becomes a Reshape; a Gather of a piece "
+                   "of a split last axis becomes a Slice of it")
+    rules = (SliceOfConcat, ConcatOfSlices, ConcatOfSplit, ConcatOfConcat, SequenceAtOfSplit,
+             GatherNDInOrder, GatherOfUnpackedPieces)
 
 
 __all__ = ["SimplifySlicing"]
