@@ -617,3 +617,32 @@ def test_where_of_not_swaps_its_branches():
     }"""
     model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
     assert stats["WhereOfNot"] == 2 and ops(model) == ["Where", "Where"]  # outputs checked
+
+
+def test_an_argmax_of_a_softmax_reads_the_logits():
+    # logits.softmax(1).argmax(1), a segmentation head's: the Softmax orders the classes as
+    # the logits do. Along another axis it normalizes other elements together, and stays.
+    text = HEADER + """
+    g (float[2, 5, 3, 4] x) => (int64[2, 1, 3, 4] y, int64[2, 3, 4] z, int64[2, 5, 1, 4] w) {
+        s = Softmax <axis = 1> (x)
+        y = ArgMax <axis = 1> (s)
+        l = LogSoftmax <axis = -3> (x)
+        z = ArgMin <axis = 1, keepdims = 0> (l)
+        w = ArgMax <axis = 2> (s)
+    }"""
+    model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
+    assert stats["ArgOfSoftmax"] == 2
+    assert ops(model) == ["Softmax", "ArgMax", "ArgMin", "ArgMax"]
+    reads = {n.output.name: n.inputs[0].name for n in model.graph}
+    assert reads["y"] == reads["z"] == "x" and reads["w"] == "s"
+
+
+def test_before_opset_13_an_argmax_within_the_softmaxs_flattened_axes_reads_the_logits():
+    text = HEADER.replace('"" : 17', '"" : 11') + """
+    g (float[2, 5, 3] x) => (int64[2, 1, 3] y, int64[1, 5, 3] z) {
+        s = Softmax <axis = 1> (x)
+        y = ArgMax <axis = 1> (s)
+        z = ArgMax <axis = 0> (s)
+    }"""
+    model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
+    assert stats["ArgOfSoftmax"] == 1 and ops(model) == ["Softmax", "ArgMax", "ArgMax"]
