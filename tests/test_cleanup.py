@@ -646,3 +646,27 @@ def test_before_opset_13_an_argmax_within_the_softmaxs_flattened_axes_reads_the_
     }"""
     model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
     assert stats["ArgOfSoftmax"] == 1 and ops(model) == ["Softmax", "ArgMax", "ArgMax"]
+
+
+def test_an_unsqueeze_putting_back_a_reductions_axes_keeps_them_in_the_reduction():
+    # x.mean(-1).unsqueeze(-1), keepdim written by hand; an Unsqueeze of other axes, or of a
+    # reduction something else reads, stays.
+    text = HEADER + """
+    g (float[2, 3, 4] x) => (float[2, 3, 1] y, float[1, 2, 4] z, float[2, 4] v)
+      <int64[1] last = {-1}, int64[1] first = {0}, int64[1] middle = {1}> {
+        m = ReduceMean <axes = [-1], keepdims = 0> (x)
+        y = Unsqueeze(m, last)
+        s = ReduceSum <keepdims = 0> (x, middle)
+        z = Unsqueeze(s, first)
+        t = ReduceMax <axes = [1], keepdims = 0> (x)
+        u = Unsqueeze(t, middle)
+        v = Squeeze(u, middle)
+        w = Relu(t)
+    }"""
+    model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
+    assert stats["UnsqueezeOfReduce"] == 1
+    mean = next(n for n in model.graph if n.op_type == "ReduceMean")
+    assert mean.attr("keepdims") == 1 and mean.output.name == "y"
+    # z's, along axis 0 where the sum took axis 1, and u's, of a max Relu read too
+    assert [n.op_type for n in model.graph].count("Unsqueeze") == 2
+    assert next(n for n in model.graph if n.op_type == "ReduceMax").attr("keepdims") == 0

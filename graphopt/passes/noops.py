@@ -253,6 +253,28 @@ def _reshape_of_reduce(node: Node, ctx: PassContext) -> bool:
     return bypass(node, reduced)
 
 
+def _unsqueeze_of_reduce(node: Node, ctx: PassContext) -> bool:
+    """Unsqueeze(Reduce(x, axes, keepdims=0), axes) -> Reduce(x, axes, keepdims=1): the axes
+    put back where the reduction took them (`x.mean(-1).unsqueeze(-1)`). Only a reduction
+    nothing else reads changes."""
+    reduce = node.inputs[0].producer
+    if reduce is None or not reduce.is_onnx or reduce.attr("keepdims", 1) != 0 \
+            or len(reduce.outputs) != 1 or reduce.inputs[0].shape is None:
+        return False
+    axes, reduced = reduced_axes(reduce), reduce.output
+    put_back = node.attr("axes") if node.input(1) is None else _const(node.input(1))
+    if axes is None or put_back is None or len(reduced.uses) != 1 or reduced.is_graph_output:
+        return False
+    rank = len(reduce.inputs[0].shape)
+    put_back = [int(a) for a in np.ravel(put_back)]
+    if sorted(a % rank if -rank <= a < rank else -1 for a in put_back) != sorted(axes) \
+            or not ctx.allows("UnsqueezeOfReduce", node):
+        return False
+    reduce.set_attr("keepdims", 1)
+    reduced.shape = tuple(1 if i in axes else d for i, d in enumerate(reduce.inputs[0].shape))
+    return bypass(node, reduced)
+
+
 def _mean_of_sum(node: Node, opset: int, ctx: PassContext) -> bool:
     """Div(ReduceSum(x, axes), n) -> ReduceMean(x, axes) where n counts the elements each sum
     adds (static dims): how the dynamo exporter writes the mean `torch.var_mean` returns,
@@ -337,6 +359,9 @@ class EliminateNoOps(Pass):
                 result.count("ReshapeOfReshape")
             if node.op_type == "Reshape" and _reshape_of_reduce(node, ctx):
                 result.count("ReshapeOfReduce")
+                continue
+            if node.op_type == "Unsqueeze" and _unsqueeze_of_reduce(node, ctx):
+                result.count("UnsqueezeOfReduce")
                 continue
             if node.op_type == "Div" and _mean_of_sum(node, opset, ctx):
                 result.count("MeanOfSum")
