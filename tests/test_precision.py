@@ -699,12 +699,15 @@ def test_constants_beyond_the_float16_range_are_clipped_not_infinite():
 def test_a_constant_the_models_own_cast_narrows_overflows_as_that_cast_does():
     # Cast(70000 → float16) is inf in the model; a weight copy clipped to 65504 made y 65505.
     # The same constant read by a converted Add keeps the clipped copy.
+    # A Cast to another type (int32 here) reads the clipped copy, as before: the unclipped
+    # one's inf had become INT32_MIN.
     proto = parse_model("""
-    g (float[2] x) => (float[2] y, float[2] z) {
+    g (float[2] x) => (float[2] y, float[2] z, int32[2] n) {
       h = Cast<to=10>(big)
       f = Cast<to=1>(h)
       y = Add(x, f)
       z = Add(x, big)
+      n = Cast<to=6>(big)
     }""", big=np.float32([70000.0, -70000.0]))
     result = compile_(proto, precision="fp16")
     out = result.to_onnx()
@@ -713,6 +716,7 @@ def test_a_constant_the_models_own_cast_narrows_overflows_as_that_cast_does():
     np.testing.assert_array_equal(got["y"], [np.inf, -np.inf])
     # onnxruntime adds in float32 where its CPU provider lacks the float16 kernel: 65504 ± 1
     np.testing.assert_allclose(got["z"], [65505.0, -65503.0], atol=32)
+    np.testing.assert_array_equal(got["n"], [65504, -65504])
 
 
 @pytest.mark.parametrize("mode", ["fp16", "mixed-fp16"])

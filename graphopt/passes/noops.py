@@ -317,14 +317,17 @@ def _where_of_not(node: Node, ctx: PassContext) -> bool:
 
 
 def _arg_of_softmax(node: Node, opset: int, ctx: PassContext) -> bool:
-    """ArgMax/ArgMin(Softmax(x)) -> ArgMax/ArgMin(x) where the Softmax (or LogSoftmax) orders
-    the compared elements as x does: one normalization across them. A segmentation head's
-    `logits.softmax(1).argmax(1)` spent 97% of its time on the Softmax. Where it rounded two
-    logits to one probability, the index is now the larger logit's, not the first."""
+    """ArgMax(Softmax(x)) -> ArgMax(x), and ArgMax/ArgMin(LogSoftmax(x)) alike, where the
+    normalization orders the compared elements as x does: one normalization across them. A
+    segmentation head's `logits.softmax(1).argmax(1)` spent 97% of its time on the Softmax.
+    Where it rounded two logits near the top to one probability, the index is now the larger
+    logit's. Not ArgMin of a Softmax: the smallest probabilities underflow to 0 together (logits
+    ~104 below the largest in float32, ~17 in float16), and its index is the first of them."""
     soft = node.inputs[0].producer
     x = soft.inputs[0] if soft is not None else None
     if soft is None or soft.op_type not in ("Softmax", "LogSoftmax") or not soft.is_onnx \
-            or soft.graph is not node.graph or x is None or x.shape is None:
+            or soft.graph is not node.graph or x is None or x.shape is None \
+            or (node.op_type == "ArgMin" and soft.op_type == "Softmax"):
         return False
     rank = len(x.shape)
     compared = node.attr("axis", 0)

@@ -453,7 +453,7 @@ def _convert(node: Node, slots: Slots, half: DType, boundaries: Boundaries,
         data = constant_data(value)
         if data is not None:
             # A Cast to half is the model's own conversion, whose overflow is inf, not 65504
-            own_cast = node.op_type == "Cast" and node.is_onnx
+            own_cast = node.op_type == "Cast" and node.is_onnx and node.attr("to") == int(half)
             node.set_input(i, boundaries.half_constant(value, data, clip=not own_cast))
         else:
             node.set_input(i, boundaries.cast(value, half))
