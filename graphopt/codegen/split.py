@@ -379,9 +379,20 @@ def _session_level(model: Model, fused_level: str | None) -> str | None:
     nodes = list(model.graph)
     if fused_level is not None and _layout_left_to_onnxruntime(nodes):
         return "all"
+    if any(map(_half_int8_nbits, nodes)):
+        return "all"
     if fused_level == "extended" and _nothing_left_for(model, nodes):
         return "disable"
     return fused_level
+
+
+def _half_int8_nbits(node) -> bool:
+    """A float16 MatMulNBits at accuracy level 4 (activations quantized to int8): onnxruntime
+    1.32 computes it wrong below "all" while it pre-packs the weights (an fp16 int4 Llama
+    export's .om, at "extended", read logits cosine 0.34 against 0.90 at "all", float32's)."""
+    return node.op_type == "MatMulNBits" and node.domain == "com.microsoft" \
+        and node.attr("accuracy_level", 0) == 4 and node.input(0) is not None \
+        and node.input(0).dtype == DType.FLOAT16
 
 
 # _nothing_left_for asks onnxruntime, which costs about one start of the partition at compile

@@ -306,8 +306,9 @@ def _placement(data: ReportData) -> str:
         parts = [p for p in info.get("partitions") or [] if isinstance(p, dict)]
         if parts and not any(p.get("nodes") for p in parts):
             return "<p>No node to place: the model passes its inputs through.</p>"
-        devices = {str(p.get("device")) for p in parts}
-        device = f"the {escape(devices.pop())}" if len(devices) == 1 else "the primary device"
+        devices = {p.get("device") for p in parts}
+        device = f"the {escape(str(devices.pop()))}" if len(devices) == 1 and None not in devices \
+            else "the primary device"
         return (f"<p>Every node runs on {device}, the primary device of target "
                 f"{escape(str(info.get('target', '?')))}: no fallbacks.</p>")
     reasons = Counter(f.get("reason", "?") for f in fallbacks)

@@ -69,8 +69,8 @@ class ExpandForDevice(RulePass):
     description = ("rewrite ops the device running them lacks (Mish, Swish, GroupNormalization, "
                    "Attention; onnxruntime's Attention and EmbedLayerNormalization) in ONNX ops "
                    "it has")
-    rules = (MishAsSoftplusTanh, SwishAsSigmoid, AttentionAsMatMuls, MaskIndexCounted, EmbedLayerNormAsGathers,
-             GroupNormAsInstanceNorm, OnnxAttentionAsMatMuls)
+    rules = (MishAsSoftplusTanh, SwishAsSigmoid, AttentionAsMatMuls, MaskIndexCounted,
+             EmbedLayerNormAsGathers, GroupNormAsInstanceNorm, OnnxAttentionAsMatMuls)
 
 
 __all__ = ["ExpandForDevice"]

@@ -353,23 +353,26 @@ def _centred(x: Value) -> bool:
     return mean is not None and mean.op_type == "ReduceMean" and mean.inputs[0] is sub.inputs[0]
 
 
+def _standard(model) -> bool:
+    """Whether an RMSNorm fuses into ONNX's RMSNormalization (opset 23, where onnxruntime has
+    its schema), else onnxruntime's SimplifiedLayerNormalization."""
+    return (model.opset("") or 1) >= 23 and ("", "RMSNormalization") in runtime_schemas()
+
+
 class _RmsNorm(Rule):
     emits = (("", "SimplifiedLayerNormalization"),)
     dtypes = FLOATS
 
-    def unsupported(self, root: Value, target=None) -> str | None:
-        # At opset 23 and later the rewrite emits ONNX's RMSNormalization: the target must
-        # take that too (a profile without it had sent the fused norm to the host)
-        standard = (("", "RMSNormalization"),) if ("", "RMSNormalization") in runtime_schemas() \
-            else ()
-        return super().unsupported(root, target) or target_refuses(target, standard, root)
-
-    def check(self, x, **b):
-        return "x is x - mean(x), a LayerNorm" if _centred(x) else _problem(x, b)
+    def check(self, x, model, target=None, **b):
+        if _centred(x):
+            return "x is x - mean(x), a LayerNorm"
+        # At opset 23 and later the rewrite emits ONNX's RMSNormalization, which the target
+        # must take too: a profile without it had sent the fused norm to the host
+        standard = (("", "RMSNormalization"),) if _standard(model) else ()
+        return target_refuses(target, standard, x) or _problem(x, b)
 
     def rewrite(self, op, x, eps, gamma=None, **_):
-        standard = (op.model.opset("") or 1) >= 23 and ("", "RMSNormalization") in runtime_schemas()
-        fused = op.RMSNormalization if standard else op.SimplifiedLayerNormalization
+        fused = op.RMSNormalization if _standard(op.model) else op.SimplifiedLayerNormalization
         return fused(x, *_scale_bias(op, x, gamma, None), axis=-1, epsilon=float(eps.ravel()[0]))
 
 

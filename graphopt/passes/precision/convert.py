@@ -295,7 +295,8 @@ class ConvertPrecision(Pass):
             explained = kept_by_schema or kept_int8 or untyped or decider.kept_by_target \
                 or decider.kept_for_stand_in or sandwiched
             if not explained:  # a compile that converted nothing says why
-                ctx.note(f"ConvertPrecision converted nothing: {_nothing_to_convert(decider, model)}"
+                why = _nothing_to_convert(decider, model)
+                ctx.note(f"ConvertPrecision converted nothing: {why}"
                          + _float64_remark(model))
             return result
         constants: dict[object, Value] = {}  # one half copy of a weight, whichever graph reads it
