@@ -32,20 +32,23 @@ def tables(batches: int = 1, scale: float = 1.0, halves_equal: bool = True):
 
 
 def rotary(batches: int = 1, scale: float = 1.0, halves_equal: bool = True,
-           second=(H // 2, BIG), first=(0, H // 2), sin_input: bool = False,
+           second=(H // 2, BIG), first=(0, H // 2), sin_input: bool | str = False,
            dtype=TensorProto.FLOAT) -> onnx.ModelProto:
     """y = x·cos + Concat(-x[..., second], x[..., first])·sin on x [B,N,S,H]."""
     cos, sin = tables(batches, scale, halves_equal)
     inits = [numpy_helper.from_array(cos, "cos")]
     inputs = [helper.make_tensor_value_info("x", dtype, [B, N, S, H])]
-    if sin_input:
+    if sin_input == "positions":  # sin of the angles an input gives, as of position_ids
+        inputs.append(helper.make_tensor_value_info("positions", dtype, list(sin.shape)))
+    elif sin_input:
         inputs.append(helper.make_tensor_value_info("sin", dtype, list(sin.shape)))
     else:
         inits.append(numpy_helper.from_array(sin, "sin"))
     for name, value in (("s2", second[0]), ("e2", second[1]), ("s1", first[0]),
                         ("e1", first[1]), ("axis", -1), ("step", 1)):
         inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
-    nodes = [
+    nodes = [helper.make_node("Sin", ["positions"], ["sin"])] if sin_input == "positions" else []
+    nodes += [
         helper.make_node("Slice", ["x", "s2", "e2", "axis", "step"], ["x2"]),
         helper.make_node("Slice", ["x", "s1", "e1", "axis"], ["x1"]),
         helper.make_node("Neg", ["x2"], ["neg"]),
@@ -97,9 +100,12 @@ def test_rotate_half_becomes_rotary_embedding(batches, scale):
 @pytest.mark.parametrize("edit, reason", [
     ({"halves_equal": False}, "two halves of %cos differ"),
     ({"second": (0, H // 2), "first": (H // 2, BIG)}, "do not take x[..., :4] and x[..., 4:]"),
-    ({"sin_input": True}, "%sin is not a constant"),
+    ({"sin_input": True}, "%sin is an input of the model (the fused op takes constant tables"),
+    ({"sin_input": "positions"}, "%sin is computed from input 'positions' at run time"),
 ])
 def test_refusals_say_why(edit, reason):
+    # A table computed from the data of an input (position_ids) had been told to pin the
+    # sequence, which folds nothing there.
     proto = rotary(**edit)
     model, stats, trace = fuse(proto)
     assert stats == {} and "Neg" in [n.op_type for n in model.graph]

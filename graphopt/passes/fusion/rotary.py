@@ -63,6 +63,11 @@ def _table(value: Value, x: Value, interleaved: bool = False) -> np.ndarray | st
     (interleaved: its even and odd entries) must be equal."""
     data = value.constant()
     if data is None:
+        read = _input_data_read(value)
+        if read is not None:  # position_ids: no pin folds it
+            where = "an input of the model" if read == value.name else \
+                f"computed from input '{read}' at run time"
+            return f"%{value.name} is {where} (the fused op takes constant tables here)"
         return f"%{value.name} is not a constant (pin the sequence with " \
                f"{option('input_shapes')})"
     b, n, s, h = x.shape
@@ -76,6 +81,25 @@ def _table(value: Value, x: Value, interleaved: bool = False) -> np.ndarray | st
     if not interleaved and not _same_halves(rows[..., : h // 2], rows[..., h // 2:]):
         return f"the two halves of %{value.name} differ (not cat(freqs, freqs))"
     return rows
+
+
+def _input_data_read(value: Value) -> str | None:
+    """The graph input whose values (not only its shape, which a pin fixes) `value` is
+    computed from, or None."""
+    seen, todo = set(), [value]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen or current.is_constant:
+            continue
+        seen.add(id(current))
+        node = current.producer
+        if node is None:
+            if current.is_input:
+                return current.name
+            continue
+        if node.op_type not in ("Shape", "Size"):
+            todo.extend(node.inputs)
+    return None
 
 
 # How far apart, in units in the last place, the halves of a table may be: folded tables are
