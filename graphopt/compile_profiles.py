@@ -117,12 +117,15 @@ def _optimize_profiles(model, spec, options: dict):
                 raise _in_profile(exc, profile) from None
             # until a profile the data fits has measured
             waiting.append((profile, run, exc, elsewhere))
+    if waiting and not shared.ready:
+        # Named by the profile the data came closest to fitting: a folder of prefill and
+        # decode samples misses the prefill profile at its first input, whatever the fault
+        profile, _, exc, _ = max(waiting, key=lambda wait: wait[2].matched)
+        labels = ", ".join(map(_label, profiles))
+        raise CalibrationShapeError(
+            f"the calibration data fits none of the {len(profiles)} shape profiles "
+            f"({labels}); {_in_profile(exc, profile)}") from None
     for profile, run, exc, elsewhere in waiting:
-        if not shared.ready:
-            labels = ", ".join(map(_label, profiles))
-            raise CalibrationShapeError(
-                f"the calibration data fits none of the {len(profiles)} shape profiles "
-                f"({labels}); {_in_profile(exc, profile)}") from None
         results[profile.name] = _compile(optimize, model, run, profile, shared, elsewhere)
     calibration = options.get("calibration") or (options.get("pass_options") or {}).get(
         "calibration")

@@ -458,8 +458,10 @@ def _calibration_data(options: Options, model: Model, shared_stats, aipp):
     except CalibrationShapeError as exc:
         if shared_stats is None:
             raise _with_image_hint(exc, aipp) from None
-        shared_stats.misfit = shared_stats.misfit or \
-            f"shape profile {shared_stats.profile}: {exc}"
+        if shared_stats.misfit is None or exc.matched > shared_stats.misfit_matched:
+            # the refusal of the profile the data came closest to (the most inputs fitting)
+            shared_stats.misfit = f"shape profile {shared_stats.profile}: {exc}"
+            shared_stats.misfit_matched = exc.matched
         return None, exc
     except OptionError as exc:  # of another dtype, say
         raise _with_image_hint(exc, aipp) from None

@@ -772,6 +772,28 @@ def test_profiles_no_calibration_sample_fits_are_refused_where_no_pass_needs_ran
                       pass_options={**options, "calibration": calibration})
 
 
+@pytest.mark.parametrize("options", [{"quantize": "int8"}, {"precision": "fp16"}],
+                         ids=["dynamic-int8", "fp16"])
+def test_data_that_fits_no_profile_is_refused_by_the_profile_it_came_closest_to(
+        tmp_path, options):
+    # Decode samples (ids [1, 1]) of a model of one KV head with two in `past`: refused by the
+    # prefill profile for its ids, where the decode profile names the real fault.
+    proto = parse_model("""
+    g (float[1, S] ids, float[1, 2, P, 4] past) => (float[1, S] y, float[1, 2, P, 4] z) {
+        y = Relu(ids)
+        z = Relu(past)
+    }""")
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    np.savez(folder / "decode.npz", ids=np.ones((1, 1), np.float32),
+             past=np.ones((1, 3, 4, 4), np.float32))
+    with pytest.raises(OptionError, match=r"shape profile profile1 \(S=1, P=4\): calibration "
+                                          r".*decode.npz: input 'past' sample has shape "
+                                          r"\[1, 3, 4, 4\]; the model expects \[1,2,4,4\]$"):
+        graphopt.optimize(proto, target="cpu", dynamic_dims="S=4,P=0;S=1,P=4",
+                          pass_options={**options, "calibration": str(folder)})
+
+
 class _PassesRun(Instrument):
     def __init__(self):
         self.started, self.names = False, []

@@ -43,7 +43,11 @@ from graphopt.option_names import option
 
 
 class CalibrationShapeError(OptionError):
-    """Calibration samples of other shapes than the model's (or a shape profile's) inputs."""
+    """Calibration samples of other shapes than the model's (or a shape profile's) inputs.
+    `matched` counts the inputs of the sample that fitted before this one: of several shape
+    profiles, the one that came closest names the real mismatch."""
+
+    matched = 0
 
 
 # Set while a shape profile compiles: its calibration keeps a directory's files that fit it,
@@ -212,7 +216,11 @@ def read_calibration(path: str | os.PathLike, graph: Graph | list[InputSpec]) ->
         _check_finite(array, s, path)
         _check_integer_range(array, s, path)
         for i in range(min(1, array.shape[0])):
-            firsts[s.name] = _checked(array[i], s, path)
+            try:
+                firsts[s.name] = _checked(array[i], s, path)
+            except CalibrationShapeError as exc:
+                exc.matched = len(firsts)
+                raise
         batch[s.name], counts[s.name] = array, array.shape[0]
     _refuse_empty(firsts, path)
     if len(set(counts.values())) > 1 and _no_common_sample_axis(arrays, specs):
@@ -320,7 +328,11 @@ def _file_sample(file: str, specs: list[InputSpec], stack: int,
         spec = s
         if stack > 1 and _batch_of(s) == stack:
             spec = InputSpec(s.name, s.dtype, (1, *s.shape[1:]))
-        out[s.name] = _checked(arrays[s.name], spec, file)
+        try:
+            out[s.name] = _checked(arrays[s.name], spec, file)
+        except CalibrationShapeError as exc:
+            exc.matched = len(out)
+            raise
     _refuse_empty(out, file)
     return out
 

@@ -43,10 +43,12 @@ class SharedStats:
     # borrows the statistics cannot run the guard, and keeps the same layers float.
     held: dict[str, str] | None = None
     measured: str = "the activation ranges"  # what the measuring profile took from the data
-    # Whether the calibration data fit some profile's inputs, and the first profile's refusal
-    # of it: data that fits none is refused even where no pass needed statistics from it.
+    # Whether the calibration data fit some profile's inputs, and the refusal of the profile
+    # it came closest to (the most of a sample's inputs fitting, `misfit_matched`): data that
+    # fits none is refused even where no pass needed statistics from it.
     fitted: bool = False
     misfit: str | None = None
+    misfit_matched: int = -1
     by_pass: str = "QuantizeInt8"
     # The files of a calibration directory some profile calibrated on (calib_data's
     # profile_samples): one that none did is refused.
