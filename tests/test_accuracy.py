@@ -70,6 +70,22 @@ def test_a_detector_channel_the_whole_tensor_cosine_hides_is_named():
     assert report.warnings == [] and report.outputs[0].worst_slice[0] > 0.99
 
 
+def test_the_worst_slice_is_every_samples_worst():
+    # A YOLO head's row came from the sample of the lowest whole cosine, whose worst score
+    # channel read 0.87, while another sample's read 0.35 (its warning said so, the table not).
+    from graphopt.tools.accuracy import AccuracyReport, OutputAccuracy, _worst_of
+
+    def report(cosine, worst):
+        return AccuracyReport("a.onnx", "b.om", "c.npz", outputs=[OutputAccuracy(
+            "out", (1, 6, 16), "tensor", cosine, worst_slice=worst)])
+
+    merged = _worst_of([report(0.99, (0.35, 7)), report(0.98, (0.87, 7)), report(0.995, None)])
+    (row,) = merged.outputs
+    assert row.cosine == 0.98 and row.sample == 2
+    assert row.worst_slice == (0.35, 7) and row.slice_sample == 1
+    assert "0.350000 at [:,7] (sample 1)" in merged.format()
+
+
 def test_outputs_below_rank_3_have_no_slice_column():
     proto = parse_model(CLASSIFIER, w=RNG.standard_normal((8, 5)).astype(np.float32))
     report = accuracy_report(proto, proto)

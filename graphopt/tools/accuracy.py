@@ -80,6 +80,7 @@ class OutputAccuracy:
     note: str = ""
     worst_slice: tuple[float, int] | None = None  # (cosine, index) of the worst [:, i]
     sample: int | None = None          # which calibration sample the row is from (1-based)
+    slice_sample: int | None = None    # the worst slice's sample, where it is another
     differ: int | None = None          # an integer, bool or string output: elements not equal
     rows: int = 0                      # the rows top-1 counts
     positions: int = 0                 # the positions perplexity scores
@@ -117,7 +118,8 @@ class AccuracyReport:
                        f"({100 * o.perplexity_change:+.2f}%, on {o.targets})")
             shape = "" if o.shape is None else "[" + ",".join(map(str, o.shape)) + "]"
             worst = "" if o.worst_slice is None else \
-                f"{cosine_text(o.worst_slice[0])} at [:,{o.worst_slice[1]}]"
+                f"{cosine_text(o.worst_slice[0])} at [:,{o.worst_slice[1]}]" + \
+                ("" if o.slice_sample is None else f" (sample {o.slice_sample})")
             rows.append([o.name, shape, o.kind,
                          "" if o.cosine is None else cosine_text(o.cosine), worst,
                          "" if o.top1 is None else f"{100 * o.top1:.1f}%", ppl,
@@ -366,6 +368,13 @@ def _pool(shown: OutputAccuracy, rows: list[OutputAccuracy]) -> None:
     top1 = [(r.top1, r.rows) for r in rows if r.top1 is not None and r.rows]
     if top1:
         shown.top1 = sum(value * count for value, count in top1) / sum(c for _, c in top1)
+    # The worst slice of any sample: a detector's score channel read 0.35 on one sample while
+    # the row shown, the sample of the lowest whole cosine, said 0.87.
+    sliced = [r for r in rows if r.worst_slice is not None]
+    if sliced:
+        worst = min(sliced, key=lambda r: r.worst_slice[0])
+        shown.worst_slice = worst.worst_slice
+        shown.slice_sample = None if worst.sample == shown.sample else worst.sample
     scored = [r for r in rows if r.perplexity is not None and r.positions]
     if scored:
         total = sum(r.positions for r in scored)
