@@ -322,3 +322,25 @@ def test_full_size_materialised(name):
     assert zoo.param_count(model) == DEFAULT_PARAMS[name]
     out = run(model, zoo.sample_inputs(model))[0]
     assert np.isfinite(out).all()
+
+
+def test_zoo_build_takes_a_builders_size_options_from_the_command_line(tmp_path, capsys):
+    # The README's tables use small sizes (a 4-layer bert_base) that only Python could build.
+    from helpers import run_cli
+
+    out = tmp_path / "bert.onnx"
+    rc, text, err = run_cli(capsys, "zoo", "build", "bert_base", "-o", out, "--set", "layers=2",
+                            "--set", "hidden=64", "--set", "heads=2", "--set", "intermediate=128")
+    assert rc == 0, err
+    expected = zoo.build("bert_base", layers=2, hidden=64, heads=2, intermediate=128)
+    assert onnx.load(out).SerializeToString() == expected.SerializeToString()
+    rc, _, err = run_cli(capsys, "zoo", "build", "resnet50", "-o", tmp_path / "r.onnx",
+                         "--set", "blocks=1,1,1,1", "--set", "width=0.125", "--set", "nhwc=true")
+    assert rc == 0, err
+    for setting, message in (("layer=2", "NAME one of its size options (layers=12, hidden=768"),
+                             ("layers=two", "layers takes a value like its default, 12"),
+                             ("hidden=100", "hidden 100 is not divisible by heads 12")):
+        rc, _, err = run_cli(capsys, "zoo", "build", "bert_base", "-o", out, "--set", setting)
+        assert rc == 2 and message in err, err
+    rc, text, _ = run_cli(capsys, "zoo", "list")
+    assert "layers=12, hidden=768, heads=12" in text
