@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from graphopt.errors import OptionError
+from graphopt.errors import UsageError
 
 
 def writes_om(path) -> bool:
@@ -22,5 +22,5 @@ def check_file_name(flag: str, path) -> None:
     name = os.path.basename(os.fspath(path))
     if name.lower() in (".om", ".onnx", ".png", ".svg"):
         example = "model" if name.lower() in (".om", ".onnx") else "memory"
-        raise OptionError(f"{flag} {os.fspath(path)}: the name is the extension alone; give the "
-                          f"file a name, such as {example}{name}")
+        raise UsageError(f"{flag} {os.fspath(path)}: the name is the extension alone; give the "
+                         f"file a name, such as {example}{name}")

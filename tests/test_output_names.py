@@ -35,7 +35,7 @@ def test_a_name_that_is_the_extension_alone_is_refused(tmp_path, capsys, name):
     source = tmp_path / "net.onnx"
     onnx.save(parse_model(MODEL), source)
     rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / name)
-    assert rc == 1 and "the name is the extension alone; give the file a name, such as " \
+    assert rc == 2 and "the name is the extension alone; give the file a name, such as " \
         f"model{name}" in err
     assert not (tmp_path / name).exists()
     with pytest.raises(OptionError, match="the name is the extension alone"):
@@ -48,5 +48,5 @@ def test_a_memory_plot_named_by_its_extension_alone_is_refused(tmp_path, capsys)
     onnx.save(parse_model(MODEL), source)
     rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "net.om",
                          "--memory-plot", tmp_path / ".png")
-    assert rc == 1 and "--memory-plot" in err and "such as memory.png" in err, err
+    assert rc == 2 and "--memory-plot" in err and "such as memory.png" in err, err
     assert not (tmp_path / ".png").exists() and not (tmp_path / "net.om").exists()
