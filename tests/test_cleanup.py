@@ -622,31 +622,36 @@ def test_where_of_not_swaps_its_branches():
 def test_an_argmax_of_a_softmax_reads_the_logits():
     # logits.softmax(1).argmax(1), a segmentation head's: the Softmax orders the classes as
     # the logits do. Along another axis it normalizes other elements together, and stays; so
-    # does an ArgMin of a Softmax, whose smallest probabilities underflow to 0 together.
+    # does an ArgMin, whose smallest values round together (probabilities underflow to 0),
+    # and an ArgMax taking the last of ties.
     text = HEADER + """
     g (float[2, 5, 3, 4] x) => (int64[2, 1, 3, 4] y, int64[2, 3, 4] z, int64[2, 5, 1, 4] w,
-                                int64[2, 1, 3, 4] v) {
+                                int64[2, 1, 3, 4] v, int64[2, 1, 3, 4] u) {
         s = Softmax <axis = 1> (x)
         y = ArgMax <axis = 1> (s)
         l = LogSoftmax <axis = -3> (x)
-        z = ArgMin <axis = 1, keepdims = 0> (l)
+        z = ArgMax <axis = 1, keepdims = 0> (l)
         w = ArgMax <axis = 2> (s)
         v = ArgMin <axis = 1> (s)
+        u = ArgMax <axis = 1, select_last_index = 1> (s)
     }"""
     model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
     assert stats["ArgOfSoftmax"] == 2
-    assert ops(model) == ["Softmax", "ArgMax", "ArgMin", "ArgMax", "ArgMin"]  # LogSoftmax gone
+    assert ops(model) == ["Softmax", "ArgMax", "ArgMax", "ArgMax", "ArgMin", "ArgMax"]
     reads = {n.output.name: n.inputs[0].name for n in model.graph}
-    assert reads["y"] == reads["z"] == "x" and reads["w"] == reads["v"] == "s"
-    # [0, -200, -300, 5]: the probabilities of -200 and -300 are both 0
-    proto = onnx.parser.parse_model(HEADER + """
-    g (float[1, 4] x) => (int64[1, 1] y) {
-        s = Softmax <axis = 1> (x)
-        y = ArgMin <axis = 1> (s)
-    }""")
-    feeds = {"x": np.array([[0, -200, -300, 5]], np.float32)}
-    result = graphopt.optimize(proto, level=2)
-    assert numerics.run(result.to_onnx(), feeds)["y"].item() == 1
+    assert reads["y"] == reads["z"] == "x" and reads["w"] == reads["v"] == reads["u"] == "s"
+    # [0, -200, -300, 5]: the probabilities of -200 and -300 are both 0; LogSoftmax rounds
+    # 1.0000001 and 1 to one value beside 200
+    for soft, row in (("Softmax", [0, -200, -300, 5]), ("LogSoftmax", [1.0000001, 1.0, 200.0])):
+        proto = onnx.parser.parse_model(HEADER + f"""
+        g (float[1, {len(row)}] x) => (int64[1, 1] y) {{
+            s = {soft} <axis = 1> (x)
+            y = ArgMin <axis = 1> (s)
+        }}""")
+        feeds = {"x": np.array([row], np.float32)}
+        expected = numerics.run(proto, feeds)["y"].item()
+        assert numerics.run(graphopt.optimize(proto, level=2).to_onnx(), feeds)["y"].item() \
+            == expected
 
 
 def test_before_opset_13_an_argmax_within_the_softmaxs_flattened_axes_reads_the_logits():

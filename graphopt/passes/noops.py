@@ -317,17 +317,19 @@ def _where_of_not(node: Node, ctx: PassContext) -> bool:
 
 
 def _arg_of_softmax(node: Node, opset: int, ctx: PassContext) -> bool:
-    """ArgMax(Softmax(x)) -> ArgMax(x), and ArgMax/ArgMin(LogSoftmax(x)) alike, where the
-    normalization orders the compared elements as x does: one normalization across them. A
-    segmentation head's `logits.softmax(1).argmax(1)` spent 97% of its time on the Softmax.
-    Where it rounded two logits near the top to one probability, the index is now the larger
-    logit's. Not ArgMin of a Softmax: the smallest probabilities underflow to 0 together (logits
-    ~104 below the largest in float32, ~17 in float16), and its index is the first of them."""
+    """ArgMax(Softmax(x)) and ArgMax(LogSoftmax(x)) -> ArgMax(x), where the normalization
+    orders the compared elements as x does: one normalization across them. A segmentation
+    head's `logits.softmax(1).argmax(1)` spent 97% of its time on the Softmax. Where it rounded
+    two logits near the top to one value, the index is now the larger logit's, not the first.
+    Not an ArgMin: the smallest values round together far more readily (probabilities ~104
+    below the largest logit underflow to 0 in float32; LogSoftmax's x - max - lse rounds two
+    logits ~199 below it to one), and its index is the first of them. Not select_last_index,
+    whose ties, and rows masked whole (NaN after a Softmax), resolve to another index."""
     soft = node.inputs[0].producer
     x = soft.inputs[0] if soft is not None else None
     if soft is None or soft.op_type not in ("Softmax", "LogSoftmax") or not soft.is_onnx \
             or soft.graph is not node.graph or x is None or x.shape is None \
-            or (node.op_type == "ArgMin" and soft.op_type == "Softmax"):
+            or node.op_type != "ArgMax" or node.attr("select_last_index", 0):
         return False
     rank = len(x.shape)
     compared = node.attr("axis", 0)
@@ -372,7 +374,7 @@ class EliminateNoOps(Pass):
             if node.op_type == "Where" and _where_of_not(node, ctx):
                 result.count("WhereOfNot")
                 continue
-            if node.op_type in ("ArgMax", "ArgMin") and _arg_of_softmax(node, opset, ctx):
+            if node.op_type == "ArgMax" and _arg_of_softmax(node, opset, ctx):
                 result.count("ArgOfSoftmax")
                 continue
             rule = RULES.get(node.op_type)
