@@ -72,11 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=summary(__doc__))
     p.add_argument("--runs", type=positive_int, default=11,
                    help="timed checks per model and way (default 11)")
-    p.add_argument("--only", help="rows whose name contains this text")
+    p.add_argument("--only", action="append", default=[],
+                   help="rows whose name contains this text (again for more)")
     p.add_argument("--json", metavar="FILE", type=json_path,
                    help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
-    only = [args.only] if args.only else []
+    only = args.only
     problem = unmatched(only, lambda wanted: models("", wanted))
     if problem:
         print(problem, file=sys.stderr)

@@ -11,7 +11,7 @@ fp32 / variant (above 1: faster). The correctness columns are the logits cosine 
 original at ORT_DISABLE_ALL, median (min) over --seeds seeded token-id sets, and the largest
 absolute difference.
 
-    .venv/bin/python bench/precision_int4.py [--runs 30] [--threads 1 2] [--group-size 32] [--seeds 8]
+    .venv/bin/python bench/precision_int4.py [--runs 30] [--threads 1,2] [--group-size 32] [--seeds 8]
                                              [--json out.json]
 """
 
@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from _common import (json_path, markdown_table, positive_int, session_options, summary,
-                     write_json)
+from _common import (json_path, markdown_table, positive_int, positive_ints, session_options,
+                     summary, write_json)
 from onnx import numpy_helper
 
 import graphopt
@@ -98,10 +98,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=summary(__doc__))
     parser.add_argument("--runs", type=positive_int, default=30,
                         help="interleaved rounds (default 30)")
-    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2],
-                        help="intra-op thread counts to time (default 1 2)")
-    parser.add_argument("--seq", type=positive_int, nargs="+", default=[1, 64],
-                        help="sequence lengths to time (default 1 64)")
+    # Comma-separated as the other benches take lists (1,2), or spaced (1 2)
+    parser.add_argument("--threads", type=positive_ints, nargs="+", default=[[1, 2]],
+                        help="intra-op thread counts to time (default 1,2)")
+    parser.add_argument("--seq", type=positive_ints, nargs="+", default=[[1, 64]],
+                        help="sequence lengths to time (default 1,64)")
     parser.add_argument("--group-size", type=_group_size, default=32, metavar="N",
                         help="weights per scale (--int4-group-size) of the int4 variants")
     parser.add_argument("--seeds", type=positive_int, default=8,
@@ -109,6 +110,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", type=json_path,
                         help="also write the results as JSON to FILE")
     args = parser.parse_args(argv)
+    args.threads = [n for group in args.threads for n in group]
+    args.seq = [n for group in args.seq for n in group]
 
     original = zoo.build("gpt2_small")
     with tempfile.TemporaryDirectory() as folder:

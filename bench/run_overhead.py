@@ -83,10 +83,11 @@ def bench(om_path: str, source: str, feeds: dict, runs: int) -> dict | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=positive_int, default=2000, help="timed rounds per model")
-    parser.add_argument("--only", default="", help="models whose name contains this")
+    parser.add_argument("--only", action="append", default=[],
+                        help="models whose name contains this (again for more)")
     parser.add_argument("--json", type=json_path, help="also write the results here")
     args = parser.parse_args()
-    only = [args.only] if args.only else []
+    only = args.only
     problem = unmatched(only, lambda wanted: sized_zoo_models("", ZOO_QUICK, wanted))
     if problem:
         print(problem, file=sys.stderr)
