@@ -46,7 +46,7 @@ def _defaults(name: str) -> dict:
 
     from graphopt import zoo
 
-    builder = dict((n, b) for n, (b, _) in zoo.ZOO.items())[name]
+    builder = zoo.ZOO[name][0]
     return {key: p.default for key, p in inspect.signature(builder).parameters.items()
             if p.kind == p.KEYWORD_ONLY}
 

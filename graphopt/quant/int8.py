@@ -110,6 +110,7 @@ def _moves_to_outputs_only(node: Node) -> bool:
 # default gives up: a conv net's stem and head do a few percent, GPT-2's head 39%.
 _HEAVY_ENDS = 0.2
 
+
 @register
 class QuantizeInt8(Pass):
     name = "QuantizeInt8"
