@@ -687,3 +687,103 @@ def test_an_unsqueeze_putting_back_a_reductions_axes_keeps_them_in_the_reduction
     # z's, along axis 0 where the sum took axis 1, and u's, of a max Relu read too
     assert [n.op_type for n in model.graph].count("Unsqueeze") == 2
     assert next(n for n in model.graph if n.op_type == "ReduceMax").attr("keepdims") == 0
+
+
+def _bitwise_same(proto, out, feeds) -> bool:
+    expected, got = numerics.run(proto, feeds), numerics.run(out, feeds)
+    return all(expected[k].dtype == got[k].dtype and expected[k].shape == got[k].shape
+               and expected[k].tobytes() == got[k].tobytes() for k in expected)
+
+
+EDGE_FLOATS = np.array([[-0.0, 0.0, np.nan, np.inf, -np.inf, -2.5, 2.5, 1e-45, -1e-45, 7.0]],
+                       np.float32)
+
+
+def test_a_repeated_idempotent_op_or_involution_goes():
+    # Relu(Relu(x)) is Relu(x), Neg(Neg(x)) is x, bit for bit (signed zeros, NaN, inf, the
+    # subnormals); an Abs of a Relu (which turns a -0.0 into +0.0) or a Neg of an Abs stays.
+    text = HEADER + """
+    g (float[1, 10] x) => (float[1, 10] r, float[1, 10] a, float[1, 10] f,
+                                        float[1, 10] s, float[1, 10] n, bool[1, 10] t,
+                                        float[1, 10] ra, float[1, 10] na) {
+        r1 = Relu(x)
+        r = Relu(r1)
+        a1 = Abs(x)
+        a = Abs(a1)
+        f1 = Floor(x)
+        f = Floor(f1)
+        s1 = Sign(x)
+        s = Sign(s1)
+        e = Exp(x)
+        n1 = Neg(e)
+        n = Neg(n1)
+        b = IsNaN(x)
+        t1 = Not(b)
+        t = Not(t1)
+        ra = Abs(r1)
+        na = Neg(a1)
+    }"""
+    model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
+    assert {rule: stats.get(rule) for rule in ("Relu", "Abs", "Floor", "Sign", "Neg", "Not")} \
+        == {"Relu": 1, "Abs": 1, "Floor": 1, "Sign": 1, "Neg": 1, "Not": 1}
+    assert sorted(ops(model)) == sorted(["Relu", "Abs", "Floor", "Sign", "Exp", "IsNaN", "Abs",
+                                         "Neg"])
+    feeds = {"x": EDGE_FLOATS}
+    assert _bitwise_same(onnx.parser.parse_model(text), to_onnx(model), feeds)
+
+
+@pytest.mark.parametrize("source, wide, goes", [
+    ("float", "double", True), ("float16", "float", True), ("int32", "int64", True),
+    ("int8", "float16", True), ("uint8", "int16", True), ("bool", "float", True),
+    ("float", "float16", False), ("int64", "int32", False), ("int16", "float16", False),
+    ("int32", "float", False), ("float", "int32", False), ("double", "float", False),
+])
+def test_a_cast_round_trip_goes_only_through_a_type_that_holds_every_value(source, wide, goes):
+    text = HEADER + f"""
+    g ({source}[1, 10] x) => ({source}[1, 10] y) {{
+        w = Cast <to = {getattr(onnx.TensorProto, wide.upper())}> (x)
+        y = Cast <to = {getattr(onnx.TensorProto, source.upper())}> (w)
+        z = Identity(y)
+    }}"""
+    text = text.replace(f"{source}[1, 10] y)", f"{source}[1, 10] z)")
+    model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
+    assert (stats.get("Cast", 0) == 1) == goes
+    values = {"float": EDGE_FLOATS, "float16": EDGE_FLOATS.astype(np.float16),
+              "double": EDGE_FLOATS.astype(np.float64),
+              "int32": np.array([[-2**31, 2**31 - 1, 2**24 + 1, 0, 1, -1, 5, 6, 7, 8]], np.int32),
+              "int64": np.array([[-2**63, 2**63 - 1, 2**31, 0, 1, -1, 5, 6, 7, 8]], np.int64),
+              "int8": np.array([[-128, 127, 0, 1, -1, 5, 6, 7, 8, 9]], np.int8),
+              "uint8": np.array([[0, 255, 128, 1, 2, 3, 4, 5, 6, 7]], np.uint8),
+              "int16": np.array([[-32768, 32767, 2049, 0, 1, -1, 5, 6, 7, 8]], np.int16),
+              "bool": np.array([[True, False] * 5])}
+    if goes:  # where the rule fires, the output is the input, bit for bit
+        assert _bitwise_same(onnx.parser.parse_model(text), to_onnx(model), {"x": values[source]})
+
+
+def test_a_reduction_over_dims_of_size_one_is_its_input_or_a_squeeze():
+    # Sum/Mean/Max/Min/Prod of one element is that element: kept dims make the input itself,
+    # dropped ones a Squeeze (a view in onnxruntime). ReduceL2 (sqrt(x²), which rounds) and a
+    # reduction over a dim of 4 stay.
+    text = HEADER + """
+    g (float[2, 1, 4, 1] x) => (float[2, 1, 4, 1] m, float[2, 4] s, float[2, 4, 1] p,
+                               float[2, 1, 4, 1] l, float[2, 1, 1, 1] w)
+      <int64[2] ones = {1, 3}, int64[1] second = {-3}> {
+        m1 = ReduceMean <axes = [1, -1]> (x)
+        m = Relu(m1)
+        s = ReduceSum <keepdims = 0> (x, ones)
+        p = ReduceProd <axes = [1], keepdims = 0> (x)
+        l = ReduceL2 <axes = [1]> (x)
+        w = ReduceMax <axes = [2]> (x)
+    }"""
+    model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
+    assert stats.get("ReduceMean") == 1 and stats.get("ReduceOverOnes") == 2
+    assert sorted(ops(model)) == ["ReduceL2", "ReduceMax", "Relu", "Squeeze", "Squeeze"]
+    feeds = {"x": np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 1, 4, 1)}
+    assert _bitwise_same(onnx.parser.parse_model(text), to_onnx(model), feeds)
+    before_13 = HEADER.replace('"" : 17', '"" : 11') + """
+    g (float[2, 1, 4] x) => (float[2, 4] y) {
+        y = ReduceMin <axes = [1], keepdims = 0> (x)
+    }"""
+    model, stats = run_passes(before_13, "EliminateNoOps")
+    assert stats.get("ReduceOverOnes") == 1 and ops(model) == ["Squeeze"]
+    assert list(next(iter(model.graph)).attr("axes")) == [1]

@@ -176,6 +176,33 @@ def test_unsqueezes_with_repeated_or_no_axes_stay(outer):
     assert "UnsqueezeOfUnsqueeze" not in PASSES["SimplifyLayout"]().run(model, ctx).stats
 
 
+@pytest.mark.parametrize("opset", [11, 13, 17])
+@pytest.mark.parametrize("inner, outer, shape, merged", [
+    ("[0]", "[1]", "1, N, 1, 4", [0, 2]),       # the outer axis counts in the middle rank
+    ("[2]", "[0]", "1, N, 1, 4", [0, 2]),
+    ("[-2]", "[-3]", "1, N, 1, 4", [0, 2]),     # negative axes, against each step's rank
+    ("[1, 3]", "[0, -1]", "1, 1, 3, 1, 1", [0, 1, 3, 4]),
+])
+def test_two_squeezes_become_one(opset, inner, outer, shape, merged):
+    model, stats, _ = run(squeeze_pair(opset, "Squeeze", "Squeeze", inner, outer, shape=shape),
+                          "SimplifyLayout", dims={"N": 3})
+    assert stats == {"SqueezeOfSqueeze": 1} and ops(model) == ["Squeeze", "Relu"]
+    squeeze = node(model, "Squeeze")
+    axes = squeeze.attr("axes") if opset < 13 else ints(squeeze.input(1))
+    assert list(axes) == merged
+
+
+def test_squeezes_without_axes_stay():
+    # A Squeeze without axes drops whatever dims are 1 when it runs: not merged.
+    model, stats, trace = run(header() + """
+    g (float[1, N, 1, 4] x) => (float[?] y) <int64[1] a = {0}> {
+        t = Squeeze(x, a)
+        u = Squeeze(t)
+        y = Relu(u)
+    }""", "SimplifyLayout", dims={"N": 3}, trace="SqueezeOfSqueeze")
+    assert stats == {} and any("every 1-dim" in line for line in trace)
+
+
 def test_unsqueeze_of_squeeze_without_axes_on_a_static_shape():
     model, stats, _ = run(header() + """
     g (float[2, 1, 4, 1] x) => (float[2, 1, 4, 1] y) <int64[2] a = {1, 3}> {

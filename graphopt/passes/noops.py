@@ -12,6 +12,8 @@ are (integer zeros have no sign).
 Also collapses Reshape(Reshape(x, a), b) into Reshape(x, b) when b needs no dims of the middle,
 turns Reshape(Reduce(x, keepdims=0)) to the kept-dims shape into Reduce(x, keepdims=1) and
 Div(ReduceSum(x), count) into ReduceMean(x), and reads Where(Not(c), a, b) as Where(c, b, a).
+Chains that give back a value further up (Relu(Relu(x)), Neg(Neg(x)), a Cast round trip, a
+reduction over dims of size 1) are noop_chains'.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import numpy as np
 from graphopt.ir import Model, Node, Value
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.edit import bypass
+from graphopt.passes.noop_chains import (IDEMPOTENT, INVOLUTIONS, cast_round_trip, repeated,
+                                         size_one_axes)
 from graphopt.passes.reduce_axes import reduced_axes
 
 
@@ -70,7 +74,32 @@ def _cast(node: Node) -> Value | None:
         return x
     if node.op_type == "CastLike" and _same_type(x, node.inputs[1]):
         return x
+    return cast_round_trip(node) if node.op_type == "Cast" else None
+
+
+def _reduce_kept(node: Node) -> Value | None:
+    """A Sum/Mean/Max/Min/Prod over dims of size 1 that keeps them: its input."""
+    if node.attr("keepdims", 1) and size_one_axes(node) is not None \
+            and _same_type(node.inputs[0], node.output):
+        return node.inputs[0]
     return None
+
+
+def _reduce_dropped(node: Node, opset: int, ctx: PassContext) -> bool:
+    """A Sum/Mean/Max/Min/Prod over dims of size 1 that drops them becomes a Squeeze of them,
+    which onnxruntime runs as a view of its input instead of a pass over it."""
+    axes = size_one_axes(node)
+    if axes is None or node.attr("keepdims", 1) or not _same_type(node.inputs[0], node.output) \
+            or not ctx.allows("ReduceOverOnes", node):
+        return False
+    graph, x = node.graph, node.inputs[0]
+    if opset >= 13:  # axes an input
+        inputs, attrs = [x, graph.make_initializer("axes", np.array(axes, np.int64))], {}
+    else:
+        inputs, attrs = [x], {"axes": list(axes)}
+    squeeze = graph.make_node("Squeeze", inputs, attrs, before=node, dtype=node.output.dtype,
+                              shape=node.output.shape)
+    return bypass(node, squeeze.output)
 
 
 def _same_shape_op(node: Node) -> Value | None:
@@ -173,6 +202,9 @@ RULES: dict[str, Callable[[Node], Value | None]] = {
     "Concat": _single_input, "Sum": _single_input, "Max": _single_input, "Min": _single_input,
     "Mean": _single_input,
     "Split": _split, "Tile": _tile, "Pad": _pad, "Slice": _slice,
+    **{op: _reduce_kept for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin",
+                                   "ReduceProd")},
+    **{op: repeated for op in IDEMPOTENT | INVOLUTIONS},
 }
 
 
@@ -350,7 +382,7 @@ def _argmax_of_softmax(node: Node, opset: int, ctx: PassContext) -> bool:
 class EliminateNoOps(Pass):
     name = "EliminateNoOps"
     description = ("remove no-op casts, reshapes, transposes, x+0, x*1, one-input concats, the "
-                   "Softmax an ArgMax reads, …")
+                   "Softmax an ArgMax reads, Relu(Relu(x)), Neg(Neg(x)), Cast round trips, …")
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
@@ -376,6 +408,9 @@ class EliminateNoOps(Pass):
                 continue
             if node.op_type == "ArgMax" and _argmax_of_softmax(node, opset, ctx):
                 result.count("ArgOfSoftmax")
+                continue
+            if node.op_type.startswith("Reduce") and _reduce_dropped(node, opset, ctx):
+                result.count("ReduceOverOnes")
                 continue
             rule = RULES.get(node.op_type)
             if rule is None or (len(node.outputs) > 1 and node.op_type != "Split"):

@@ -9,6 +9,7 @@ Reshape of Flatten/Squeeze/Unsqueeze); none of them changes an element, so neith
     Unsqueeze(Squeeze(x, A), A) = x    when every dim of x in A is 1 (x's shape is known)
     Squeeze(Unsqueeze(x, A), A) = x    (A normalized against the same rank on both sides)
     Unsqueeze(Unsqueeze(x, A), B) = Unsqueeze(x, C)    e.g. A = [1], B = [2]: C = [1, 2]
+    Squeeze(Squeeze(x, A), B) = Squeeze(x, C)          e.g. A = [0], B = [1]: C = [0, 2]
 
         x[2,1,5] ──Squeeze [1]──▶ [2,5] ──Unsqueeze [1]──▶ [2,1,5]    ⇒    x
 
@@ -161,6 +162,43 @@ class UnsqueezeOfUnsqueeze(Rule):
         return op.Unsqueeze(x, axes=axes)
 
 
+class SqueezeOfSqueeze(Rule):
+    """Squeeze(Squeeze(x, A), B) → Squeeze(x, C): A, and B's axes (counted in the middle
+    rank) taken back to the axes of x they were."""
+
+    def pattern(self, op, x, inner_axes, outer_axes):
+        squeezed = op.Squeeze(x, Optional(inner_axes), axes=Attr("inner_attr"))
+        return op.Squeeze(squeezed, Optional(outer_axes), axes=Attr("outer_attr"), _name="root")
+
+    def check(self, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
+        return None if _merged_squeeze(x, _axes(inner_axes, inner_attr),
+                                       _axes(outer_axes, outer_attr)) is not None \
+            else "the axes are not constant, repeat, are empty (every 1-dim), or are negative " \
+            "with x's rank unknown"
+
+    def rewrite(self, op, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
+        axes = _merged_squeeze(x, _axes(inner_axes, inner_attr), _axes(outer_axes, outer_attr))
+        if (op.model.opset("") or 1) >= 13:
+            return op.Squeeze(x, op.const(np.array(axes, np.int64)))
+        return op.Squeeze(x, axes=axes)
+
+
+def _merged_squeeze(x: Value, inner: list[int] | None,
+                    outer: list[int] | None) -> list[int] | None:
+    """The axes of x one Squeeze doing both drops, sorted, or None when they cannot be known."""
+    if not inner or not outer:  # unknown, or every 1-dim (which depends on the shapes)
+        return None
+    rank = None if x.shape is None else len(x.shape)
+    first = _normalized(inner, rank)
+    second = _normalized(outer, None if rank is None else rank - len(inner))
+    if not first or not second or len(first) != len(inner) or len(second) != len(outer):
+        return None
+    # The middle's axis j is the j-th axis of x that the first Squeeze kept.
+    kept = (axis for axis in range(max(first) + max(second) + 2) if axis not in first)
+    middle = dict(zip(range(max(second) + 1), kept))
+    return sorted(first | {middle[j] for j in second})
+
+
 def _merged_unsqueeze(x: Value, inner: list[int] | None,
                       outer: list[int] | None) -> list[int] | None:
     """The axes of one Unsqueeze doing both, sorted, or None when they cannot be known."""
@@ -220,11 +258,11 @@ class ReshapeOfUnsqueeze(_ReshapeOfElementOrderKeeper):
 @register
 class SimplifyLayout(RulePass):
     name = "SimplifyLayout"
-    description = "compose Transpose chains, cancel Squeeze/Unsqueeze pairs, merge Unsqueezes, " \
-                  "skip layout ops feeding a Reshape, shorten Reshape/Transpose chains that " \
-                  "split and merge axes"
+    description = "compose Transpose chains, cancel Squeeze/Unsqueeze pairs, merge Unsqueezes " \
+                  "and Squeezes, skip layout ops feeding a Reshape, shorten Reshape/Transpose " \
+                  "chains that split and merge axes"
     rules = (TransposeOfTranspose, UnsqueezeOfSqueeze, SqueezeOfUnsqueeze, UnsqueezeOfUnsqueeze,
-             ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze, ReshapeChain, TransposeChain)
+             SqueezeOfSqueeze, ReshapeOfFlatten, ReshapeOfSqueeze, ReshapeOfUnsqueeze, ReshapeChain, TransposeChain)
 
 
 __all__ = ["SimplifyLayout"]
