@@ -421,6 +421,31 @@ def test_a_small_partition_onnxruntime_would_leave_as_it_is_runs_at_disable():
     assert _session_level(load_onnx(onnx.parser.parse_model(text)), "extended") == "extended"
 
 
+def test_a_models_own_qlinearconv_runs_at_all(tmp_path):
+    # onnxruntime's quantize_static in QOperator form writes QLinearConv, which only the "all"
+    # level moves to NHWC, its fastest int8 layout: a small ResNet so quantized had run at
+    # "disable", 2× the original's time.
+    rng = np.random.default_rng(3)
+    w = rng.integers(-100, 100, (8, 4, 3, 3)).astype(np.int8)
+    proto = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 8, 8] x) => (float[1, 8, 6, 6] y)
+      <float xs = {0.02}, uint8 xz = {128}, float ws = {0.01}, int8 wz = {0},
+       float ys = {0.05}, uint8 yz = {120}> {
+        q = QuantizeLinear(x, xs, xz)
+        c = QLinearConv(q, xs, xz, w, ws, wz, ys, yz)
+        y = DequantizeLinear(c, ys, yz)
+    }""")
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    path = tmp_path / "q.om"
+    graphopt.save(graphopt.optimize(proto, target="cpu"), path)
+    (part,) = load_om(path).partitions
+    assert part.optimization_level == "all"
+    feeds = {"x": rng.standard_normal((1, 4, 8, 8)).astype(np.float32)}
+    with graphopt.load(path) as session:
+        np.testing.assert_array_equal(session.run(feeds)["y"], numerics.run(proto, feeds)["y"])
+
+
 def test_a_large_partition_keeps_extended_without_asking_onnxruntime(monkeypatch):
     import graphopt.codegen.split as split
     from graphopt.ir import load_onnx

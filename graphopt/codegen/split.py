@@ -347,12 +347,16 @@ def _transposed_times_vector(node) -> bool:
 
 
 def _layout_left_to_onnxruntime(nodes: list) -> bool:
-    """Whether onnxruntime's layout level would block convs into NCHWc that graphopt left in
-    NCHW: any Conv or FusedConv (-O3 fuses activations first) when nothing was blocked offline
+    """Whether onnxruntime's layout level would rewrite convs that graphopt left as they were:
+    a model's own QLinearConv, which "all" alone moves to NHWC (onnxruntime's quantize_static
+    in QOperator form: a small ResNet's .om, at "disable", ran 2.06× the original's time); any
+    Conv or FusedConv (-O3 fuses activations first) when nothing was blocked offline
     (LayoutNchwc off, or given up on the model), or one whose filters are computed at run
     time, which onnxruntime folds first. A conv with constant filters left beside blocked ones
     is one that onnxruntime's rules leave too (a grouped conv whose groups are not whole
     blocks, say)."""
+    if any(n.op_type == "QLinearConv" and n.is_onnx for n in nodes):
+        return True  # a model's own int8 conv (QOperator form): "all" runs it in NHWC
     convs = [n for n in nodes if (n.op_type == "Conv" and n.is_onnx)
              or (n.op_type == "FusedConv" and n.domain == "com.microsoft")]
     if not convs:
