@@ -799,3 +799,60 @@ def test_a_named_dim_that_inference_sizes_0_keeps_its_name(level):
                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
            for m in (proto, written)]
     np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-6)
+
+
+def test_the_qoperator_quantizers_contrib_ops_are_typed_as_onnxruntime_computes_them(tmp_path):
+    # quantize_static in QOperator form writes QGemm, QLinearAveragePool, QLinearConcat,
+    # QLinearGlobalAveragePool and QLinearSoftmax: untyped, a quantized CNN planned no memory
+    # and `graphopt partition` called its static tensors dynamic.
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat,
+                                          quantize_static)
+
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.standard_normal((6, 4, 3, 3)), "w2": rng.standard_normal((2, 4, 1, 1)),
+               "fc": rng.standard_normal((5, 8)), "bias": rng.standard_normal(5)}
+    proto = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 4, 9, 9] x) => (float[1, 5] y) {
+        c1 = Conv <pads = [1, 1, 1, 1]> (x, w1)
+        r1 = Relu(c1)
+        c2 = Conv(x, w2)
+        a = AveragePool <kernel_shape = [3, 3], strides = [2, 2], pads = [1, 1, 1, 1]> (r1)
+        b = AveragePool <kernel_shape = [3, 3], strides = [2, 2], auto_pad = "SAME_UPPER"> (c2)
+        j = Concat <axis = 1> (a, b)
+        p = GlobalAveragePool(j)
+        f = Flatten(p)
+        z = Gemm <transB = 1> (f, fc, bias)
+        y = Softmax(z)
+    }""")
+    proto.graph.initializer.extend(numpy_helper.from_array(v.astype(np.float32), k)
+                                   for k, v in weights.items())
+    source, quantized = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(proto, source)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter([{"x": rng.standard_normal((1, 4, 9, 9)).astype(np.float32)}
+                                 for _ in range(2)])
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    quantize_static(str(source), str(quantized), Reader(), quant_format=QuantFormat.QOperator)
+    written = onnx.load(quantized)
+    contrib = {n.op_type for n in written.graph.node if n.domain == "com.microsoft"}
+    assert {"QGemm", "QLinearAveragePool", "QLinearConcat", "QLinearGlobalAveragePool",
+            "QLinearSoftmax"} <= contrib
+    model = load_onnx(written)
+    infer_shapes(model)
+    computed = [v for node in model.graph for v in node.outputs if v is not None]
+    # What onnxruntime computes for every value, each made an output.
+    exposed = onnx.load(quantized)
+    exposed.graph.output.extend(onnx.ValueInfoProto(name=v.name) for v in computed
+                                if v.name != "y")
+    feeds = {"x": rng.standard_normal((1, 4, 9, 9)).astype(np.float32)}
+    results = numerics.run(exposed, feeds)
+    for value in computed:
+        actual = results[value.name]
+        assert (value.dtype, value.shape) == (DType.from_numpy(actual.dtype), actual.shape), \
+            value.name

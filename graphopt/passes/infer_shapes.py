@@ -14,6 +14,7 @@ from graphopt.ir.onnx_io import graph_protos, read_type
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
 from graphopt.passes.ml_types import ML_TYPED_BY_RULE
+from graphopt.passes.qlinear_types import QLINEAR_TYPED_BY_RULE, broadcast_shape
 from graphopt.protowire import varint
 from graphopt.warning_scope import warnings_as
 
@@ -185,43 +186,6 @@ def _embed_layer_norm_types(node) -> list:
             (2, table.dtype, embedded)]
 
 
-def _qlinear_binary_types(node) -> list:
-    """QLinearAdd/QLinearMul(A, A_scale, A_zero, B, B_scale, B_zero, C_scale, C_zero): A and
-    B broadcast, in C's zero point's dtype (A's without one)."""
-    a, b = node.inputs[0], node.input(3)
-    zero = node.input(7)
-    dtype = zero.dtype if zero is not None else a.dtype
-    if b is None or dtype is None:
-        return []
-    return [(0, dtype, _broadcast_shape(a.shape, b.shape))]
-
-
-def _qlinear_unary_types(node) -> list:
-    """QLinearSigmoid/QLinearLeakyRelu(X, X_scale, X_zero, Y_scale, Y_zero): X's shape, in
-    Y's zero point's dtype (X's without one)."""
-    zero = node.input(4)
-    dtype = zero.dtype if zero is not None else node.inputs[0].dtype
-    return [] if dtype is None else [(0, dtype, node.inputs[0].shape)]
-
-
-def _broadcast_shape(a, b) -> tuple | None:
-    """Numpy broadcasting of two shapes whose dims are ints or names; None when unknown."""
-    if a is None or b is None:
-        return None
-    width = max(len(a), len(b))
-    a = (1,) * (width - len(a)) + tuple(a)
-    b = (1,) * (width - len(b)) + tuple(b)
-    dims = []
-    for x, y in zip(a, b):
-        if x == y or y == 1:
-            dims.append(x)
-        elif x == 1:
-            dims.append(y)
-        else:
-            return None
-    return tuple(dims)
-
-
 # onnxruntime contrib ops typed by a rule of their own: op -> [(output index, dtype, shape)].
 def _matmul_nbits_types(node) -> list:
     """MatMulNBits(A [..., K], B packed, scales, …) with attribute N: A's leading dims and N,
@@ -252,10 +216,7 @@ _TYPED_BY_RULE = {
     "DynamicQuantizeLSTM": _dynamic_quantize_lstm_types,
     "EmbedLayerNormalization": _embed_layer_norm_types,
     "MatMulNBits": _matmul_nbits_types,
-    "QLinearAdd": _qlinear_binary_types,
-    "QLinearMul": _qlinear_binary_types,
-    "QLinearSigmoid": _qlinear_unary_types,
-    "QLinearLeakyRelu": _qlinear_unary_types,
+    **QLINEAR_TYPED_BY_RULE,
 }
 
 
@@ -293,7 +254,7 @@ def _fused_matmul_shape(node) -> tuple | None:
         return None
     rows = a[-1] if node.attr("transA", 0) else a[-2]
     cols = b[-2] if node.attr("transB", 0) else b[-1]
-    batch = _broadcast_shape(a[:-2], b[:-2])
+    batch = broadcast_shape(a[:-2], b[:-2])
     return None if batch is None else (*batch, rows, cols)
 
 
