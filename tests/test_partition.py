@@ -1154,3 +1154,44 @@ def test_an_epilogue_group_checks_each_op_at_its_own_rank():
                                pass_options={"elementwise_epilogues": True})
     assert any(f.name.startswith("elementwise_") for f in result.model.functions)
     assert _npu_ops(result) == 3 and not result.partitioning.fallbacks()
+
+
+def test_a_weights_dequantize_joins_the_partition_that_reads_it():
+    # onnxruntime's quantize_static writes every weight's DequantizeLinear first. Clustered in
+    # graph order they had joined the first NPU partition, and the float weights crossed into
+    # later ones as run-time tensors where only the int8 activations need to: a BERT's 11.7 MB.
+    # Here an activation × activation MatMul (host) splits two NPU partitions.
+    def q8(shape):
+        w = RNG.standard_normal(shape).astype(np.float32)
+        scale = np.float32(np.abs(w).max() / 127)
+        return np.round(w / scale).astype(np.int8), scale
+
+    (w1, s1), (w2, s2) = q8((64, 32)), q8((32, 32))
+    proto = build("""
+    g (float[16, 64] x) => (float[16, 32] y) {
+        d1 = DequantizeLinear(w1, s1)
+        d2 = DequantizeLinear(w2, s2)
+        xq = QuantizeLinear(x, act, zero)
+        xd = DequantizeLinear(xq, act, zero)
+        a = MatMul(xd, d1)
+        aq = QuantizeLinear(a, act, zero)
+        ad = DequantizeLinear(aq, act, zero)
+        t = Transpose <perm = [1, 0]> (ad)
+        tq = QuantizeLinear(t, act, zero)
+        td = DequantizeLinear(tq, act, zero)
+        s = MatMul(ad, td)
+        sq = QuantizeLinear(s, act, zero)
+        sd = DequantizeLinear(sq, act, zero)
+        b = MatMul(sd, ad)
+        bq = QuantizeLinear(b, act, zero)
+        bd = DequantizeLinear(bq, act, zero)
+        y = MatMul(bd, d2)
+    }""", w1=w1, s1=s1, w2=w2, s2=s2, act=np.float32(0.05), zero=np.uint8(128))
+    model = load_onnx(proto)
+    infer_shapes(model)
+    parts = partition(model, ASCEND, return_islands=False).partitions
+    assert len(parts) >= 2
+    owner = {node.output.name: p for p in parts for node in p.nodes}
+    assert owner["d1"] is owner["a"] and owner["d2"] is owner["y"]
+    for p in parts:  # no float weight leaves the partition it is dequantized in
+        assert not {v.name for v in p.outputs} & {"d1", "d2"}

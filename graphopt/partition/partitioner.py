@@ -83,8 +83,14 @@ def _partition(model: Model, target: Target, return_islands: bool) -> Partitioni
         placements = place(model, target)
     returned: list[str] = []
     position = {node: k for k, node in enumerate(nodes)}
-    constants = [node for node in nodes if is_constant_node(node)]
-    work = [node for node in nodes if not is_constant_node(node)]
+    # Constants, and weights' DequantizeLinear nodes, join a partition that reads them, rather
+    # than the first partition in graph order: onnxruntime's quantize_static writes every
+    # weight's DequantizeLinear first, and a BERT's float weights (11.7 MB) had left its first
+    # NPU partition as run-time tensors into every later one.
+    followers = {node for node in nodes
+                 if is_constant_node(node) or _weight_dequantize(node, placements)}
+    constants = [node for node in nodes if node in followers]
+    work = [node for node in nodes if node not in followers]
     while True:
         clusters = _attach_constants(_merge(_cluster(work, placements), placements),
                                      constants, placements, target.host)
@@ -127,6 +133,19 @@ def reads(node: Node) -> list[Value]:
         for inner in sub.all_nodes():
             values.extend(v for v in inner.inputs if v is not None and id(v) not in inner_defined)
     return values
+
+
+def _weight_dequantize(node: Node, placements: dict[Node, Placement]) -> bool:
+    """A DequantizeLinear of constants (a quantized weight or bias) placed on the device of
+    every node that reads it: it can run wherever they do."""
+    if node.op_type != "DequantizeLinear" or not node.is_onnx or node.subgraphs() \
+            or not all(v is None or v.is_constant for v in node.inputs):
+        return False
+    readers = [use.node for value in node.outputs if value is not None for use in value.uses]
+    device = placements[node].device
+    return bool(readers) and all(top_level(reader) in placements
+                                 and placements[top_level(reader)].device == device
+                                 for reader in readers)
 
 
 def is_constant_node(node: Node) -> bool:
@@ -228,8 +247,8 @@ def _indirect_path(graph: nx.DiGraph, a: int, b: int) -> bool:
 
 def _attach_constants(clusters: list[list[Node]], constants: list[Node],
                       placements: dict[Node, Placement], host: str) -> list[list[Node]]:
-    """`clusters` with each Constant node in one: the first (in dependency order) of those that
-    read it, else, when only the caller does, a host cluster (its value then needs no copy off
+    """`clusters` with each Constant node (or weight's DequantizeLinear) in one: the first (in
+    dependency order) of those that read it, else, when only the caller does, a host cluster (its value then needs no copy off
     a device), else the first. Placements follow, without a fallback reason."""
     if not constants:
         return clusters
@@ -246,7 +265,9 @@ def _attach_constants(clusters: list[list[Node]], constants: list[Node],
         quotient.add_edges_from((chosen, i) for i in readers - {chosen})
         device = placements[clusters[chosen][0]].device if clusters[chosen] else host
         clusters[chosen].append(node)
-        placements[node] = Placement(device, None)
+        # A weight's DequantizeLinear keeps its engine and reason where it stays on its device.
+        if is_constant_node(node) or placements[node].device != device:
+            placements[node] = Placement(device, None)
     return clusters
 
 
