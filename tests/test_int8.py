@@ -809,7 +809,7 @@ def test_a_heavy_head_kept_float_is_named_with_its_share_of_the_work(tmp_path):
         head=rng.standard_normal((16, 64)).astype(np.float32))
     notes = _int8(proto, calibration=_calibration(tmp_path, shape=(1, 4, 16)))[0].notes
     (note,) = [n for n in notes if "first and last layers kept in float do" in n]
-    assert "do 83% of the quantizable layers' multiply-adds; quant_keep_ends=False" in note
+    assert "do 83% of the multiply-adds of the float layers it could quantize; quant_keep_ends=False" in note
     # Quantized, they are named no more
     notes = _int8(proto, calibration=_calibration(tmp_path, shape=(1, 4, 16)),
                   quant_keep_ends=False)[0].notes

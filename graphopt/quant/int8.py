@@ -174,8 +174,9 @@ class QuantizeInt8(Pass):
                      if nested else NOTHING_TO_QUANTIZE)
         if chosen.ends_share >= _HEAVY_ENDS:  # the speed the default gives up, in one line
             ctx.note(f"QuantizeInt8: the first and last layers kept in float do "
-                     f"{chosen.ends_share:.0%} of the quantizable layers' multiply-adds; "
-                     f"{quantize_ends()} quantizes them too, for speed at some accuracy")
+                     f"{chosen.ends_share:.0%} of the multiply-adds of the float layers it "
+                     f"could quantize; {quantize_ends()} quantizes them too, for speed at some "
+                     "accuracy")
         if planned.drowned:
             ctx.note(drowned_note(planned.drowned))
         if chosen.needs_calibration():

@@ -77,7 +77,7 @@ class Plan:
     kept: Counter = field(default_factory=Counter)        # why a candidate stayed float
     alias: dict[int, Value] = field(default_factory=dict)  # id(folded act output) → producer's
     form: str = "onnxruntime"  # or "amct": Q/DQ pairs feed the static nodes alone (FORMS)
-    ends_share: float = 0.0  # of the quantizable layers' multiply-adds, in the ends kept float
+    ends_share: float = 0.0  # of the float layers' multiply-adds it could quantize, in the ends kept
 
     def resolve(self, value: Value) -> Value:
         """`value`, or the producer output a folded Relu/Clip's output becomes."""
