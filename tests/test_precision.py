@@ -1006,6 +1006,9 @@ def test_int4_names_the_matmuls_inside_an_if_it_leaves_as_they_are():
     int4 = graphopt.optimize(_if_of_matmuls(), quantize="int4")
     assert any(n.startswith("QuantizeInt4Weights: 2 node(s) inside the subgraphs of If")
                for n in int4.notes), int4.notes
+    # and says the main graph, not the model, has none (an optimum-style merged decoder's 46)
+    assert any(n.startswith("QuantizeInt4Weights quantized nothing: the main graph has no "
+                            "MatMul") for n in int4.notes), int4.notes
 
 
 def test_int8_of_an_if_takes_a_scalar_input_once_and_says_the_main_graph_has_no_layer(tmp_path):

@@ -316,9 +316,11 @@ class QuantizeInt4Weights(Pass):
             reasons = sorted(left.items()) + kept.most_common()
             kept.clear()  # said here
             why = "; ".join(f"{n} × {reason}" for reason, n in reasons)
+            # Its MatMuls in If or Loop bodies, which the note before names, are MatMuls too.
+            where = "the main graph" if nested else "the model"
             ctx.note("QuantizeInt4Weights quantized nothing: " + (
                 f"no MatMul or Gemm weight it takes ({why})" if why else
-                "the model has no MatMul or Gemm with a constant weight (int4 is weight-only "
+                f"{where} has no MatMul or Gemm with a constant weight (int4 is weight-only "
                 "for those; Conv weights stay float)"))
         if kept:
             ctx.note("QuantizeInt4Weights kept in float: " + "; ".join(
