@@ -10,6 +10,7 @@ import numpy as np
 from onnx import ModelProto
 
 from graphopt import numerics
+from graphopt.branch_switches import branch_switches
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.option_names import option, setting
 from graphopt.passes import Options
@@ -168,7 +169,40 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         notes.append(f"NaN or Inf in both models alike, where no error is measured: "
                      f"{unmeasured}")
     # Over every tensor a sequence or map holds too; 0 for outputs without floats.
-    return {name: numerics.max_abs_error(exp, actual[name]) for name, exp in expected.items()}
+    errors = {name: numerics.max_abs_error(exp, actual[name]) for name, exp in expected.items()}
+    if inputs is None:  # a seeded switch ran one branch of its If: the other runs too
+        for switch in branch_switches(original):
+            errors = _other_branch(original, optimized, feeds, switch, options, judge, notes,
+                                   allow_rounding, errors)
+    return errors
+
+
+def _other_branch(original: ModelProto, optimized: ModelProto, feeds: dict, switch: str,
+                  options: Options, judge: dict, notes: list[str] | None, allow_rounding: bool,
+                  errors: dict[str, float]) -> dict[str, float]:
+    """Verify again with the boolean input `switch` flipped, so that the If branch its seeded
+    value left unrun is checked too (an optimum-style decoder's first step, without the
+    cache); `errors` then holds the larger error of the two runs per output."""
+    seeded = bool(np.asarray(feeds[switch]).reshape(-1)[0])
+    flipped = {**feeds, switch: np.logical_not(feeds[switch])}
+    try:
+        numerics.run(original, flipped)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message
+        if notes is not None:
+            notes.append(f"only {switch} = {seeded} verified: the original does not run on the "
+                         f"seeded inputs with {switch} = {not seeded} ({numerics.ort_reason(e)})")
+        return errors
+    more: list[str] = []
+    try:
+        other = verify_outputs(original, optimized, flipped, options, judge, more, allow_rounding)
+    except VerificationError as e:
+        raise VerificationError(f"{e} (on the seeded inputs with {switch} = {not seeded}, the "
+                                "If branch it selects)") from None
+    if notes is not None:
+        notes.extend(note for note in more if note not in notes)
+        notes.append(f"both branches verified: the seeded inputs ran with {switch} = {seeded} "
+                     f"and again with {not seeded}")
+    return {name: max(error, other.get(name, 0.0)) for name, error in errors.items()}
 
 
 def _nonfinite(outputs: dict) -> str:

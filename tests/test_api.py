@@ -993,3 +993,48 @@ def test_public_calls_check_their_keywords_as_optimize_does(proto, tmp_path):
                        (lambda: graphopt.save(result, tmp_path / "a\x00b.om"), "save")):
         with pytest.raises(OptionError, match=f"^{what}: .* holds a NUL character"):
             call()
+
+
+def _merged_decoder(cached: str = "Relu") -> onnx.ModelProto:
+    """y = If(Not(use_cache_branch), Tanh(x·w), cached(x·w)), the switch through a Not as
+    optimum's merged decoders may have it: one boolean input chooses the branch."""
+    def branch(name, activation):
+        nodes = [helper.make_node("MatMul", ["x", "w"], [f"m_{name}"]),
+                 helper.make_node(activation, [f"m_{name}"], [f"y_{name}"])]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(
+            f"y_{name}", TensorProto.FLOAT, [2, 8])])
+
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [helper.make_node("Not", ["use_cache_branch"], ["no_cache"]),
+         helper.make_node("If", ["no_cache"], ["y"], then_branch=branch("a", "Tanh"),
+                          else_branch=branch("b", cached))],
+        "g", [helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+def test_verify_on_seeded_inputs_runs_both_branches_a_boolean_input_selects():
+    # Seeded inputs draw one value for an optimum-style decoder's use_cache_branch: its other
+    # branch (the first decoding step, without a cache) went unchecked while the summary said
+    # every output matched.
+    from graphopt.branch_switches import branch_switches
+    from graphopt.compile_verify import verify_outputs
+    from graphopt.passes import Options
+
+    original = _merged_decoder()
+    assert branch_switches(original) == ["use_cache_branch"]
+    # Seed 0 draws False: through the Not, the then branch runs, the cached one not.
+    assert numerics.random_feeds(original, seed=0)["use_cache_branch"].tolist() == [False]
+    judge = {"rtol": 1e-4, "atol": 1e-5, "min_cosine": None}
+    notes = []
+    verify_outputs(original, original, None, Options(), judge, notes)
+    assert notes[-1] == ("both branches verified: the seeded inputs ran with use_cache_branch "
+                         "= False and again with True")
+    # A compile wrong in the cached branch alone is caught on the second run.
+    with pytest.raises(VerificationError, match="with use_cache_branch = True"):
+        verify_outputs(original, _merged_decoder("Sigmoid"), None, Options(), judge, [])
+    assert graphopt.optimize(original, verify=True).max_abs_error["y"] < 1e-5
