@@ -70,6 +70,40 @@ def test_a_detector_channel_the_whole_tensor_cosine_hides_is_named():
     assert report.warnings == [] and report.outputs[0].worst_slice[0] > 0.99
 
 
+def test_a_box_far_off_shows_in_the_largest_error_that_the_cosine_hides():
+    # One box coordinate 90 px off among hundreds of pixels reads a cosine near 1; the
+    # max |error| column gives the 90 beside the largest coordinate.
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((6, 3, 1)).astype(np.float32) * 300.0
+    x = {"x": np.abs(rng.standard_normal((1, 3, 16))).astype(np.float32) + 1.0}
+    ref = parse_model(DETECTOR, w=w)
+    out = numerics.run(ref, x)["out"]
+    bias = np.zeros((1, 6, 16), np.float32)
+    bias[0, 2, 9] = 90.0
+    cand = parse_model("""
+    g (float[1,3,16] x) => (float[1,6,16] out) {
+      conv = Conv(x, w)
+      out = Add(conv, b)
+    }""", w=w, b=bias)
+    report = accuracy_report(ref, cand, x)
+    (row,) = report.outputs
+    assert row.cosine > 0.999
+    error, largest = row.max_error
+    assert error == pytest.approx(90.0, rel=1e-5) and largest == float(np.abs(out).max())
+    assert "max |error|" in report.format() and f"{error:.3g} of {largest:.3g}" in report.format()
+
+
+def test_the_largest_error_is_every_samples_largest():
+    from graphopt.tools.accuracy import AccuracyReport, OutputAccuracy, _worst_of
+
+    def report(cosine, error):
+        return AccuracyReport("a.onnx", "b.om", "c.npz", outputs=[OutputAccuracy(
+            "out", (1, 6), "tensor", cosine, max_error=error)])
+
+    merged = _worst_of([report(0.999, (4.0, 10.0)), report(0.99, (0.5, 12.0))])
+    assert merged.outputs[0].sample == 2 and merged.outputs[0].max_error == (4.0, 12.0)
+
+
 def test_the_worst_slice_is_every_samples_worst():
     # A YOLO head's row came from the sample of the lowest whole cosine, whose worst score
     # channel read 0.87, while another sample's read 0.35 (its warning said so, the table not).
