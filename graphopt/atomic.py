@@ -162,8 +162,9 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
             check(tmp)
         try:
             os.chmod(tmp, _final_mode(path))
-            os.replace(tmp, path)
-            _note_written(path)
+            with interrupts_deferred():  # the rename and its note: one step for an interrupt
+                os.replace(tmp, path)
+                _note_written(path)
         except OSError as exc:
             raise cannot_write(path, exc) from None
     except BaseException:
@@ -207,7 +208,9 @@ def atomic_files(paths: list[str]) -> Iterator[list[BinaryIO]]:
                 os.chmod(tmp, _final_mode(path))
             except OSError as exc:
                 raise cannot_write(path, exc) from None
-        with _folder_locks(paths):
+        # An interrupt between two renames (or between a rename and its bookkeeping) had left
+        # the new model beside the old data and the old files' hard links behind.
+        with _folder_locks(paths), interrupts_deferred():
             _replace_all(paths, temps)
     except BaseException:
         for f, tmp in zip(files, temps):

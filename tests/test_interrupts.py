@@ -93,3 +93,37 @@ def test_a_ctrl_c_between_a_collections_freeze_and_unfreeze_leaves_the_heap_unfr
     with pytest.raises(KeyboardInterrupt):
         collector._collect_all()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_ctrl_c_right_after_an_om_is_renamed_into_place_names_it(tmp_path, monkeypatch):
+    # It had landed between the rename and the note of it: the command said "interrupted"
+    # alone, over a new, complete artifact.
+    from graphopt import atomic
+
+    _interrupt_after(monkeypatch, atomic.os, "replace")
+    with atomic.noting_written() as written:
+        with pytest.raises(KeyboardInterrupt):
+            with atomic.atomic_write(tmp_path / "model.om") as f:
+                f.write(b"new")
+    assert written == [str(tmp_path / "model.om")]
+    assert os.listdir(tmp_path) == ["model.om"]
+
+
+def test_a_ctrl_c_between_a_model_and_its_weights_renames_leaves_the_new_pair(tmp_path,
+                                                                            monkeypatch):
+    # It had landed right after the first rename: the new model stayed beside the old
+    # weights, which onnxruntime refuses, with the old files' hard links left in the folder.
+    from graphopt import atomic
+
+    for name in ("m.onnx", "m.onnx.data"):
+        (tmp_path / name).write_bytes(b"old")
+    _interrupt_after(monkeypatch, atomic.os, "replace")
+    paths = [str(tmp_path / "m.onnx"), str(tmp_path / "m.onnx.data")]
+    with atomic.noting_written() as written:
+        with pytest.raises(KeyboardInterrupt):
+            with atomic.atomic_files(paths) as files:
+                for f in files:
+                    f.write(b"new")
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    assert (tmp_path / "m.onnx").read_bytes() == (tmp_path / "m.onnx.data").read_bytes() == b"new"
+    assert written == paths
