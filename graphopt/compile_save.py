@@ -18,6 +18,7 @@ from graphopt.ir.onnx_io import check_no_external_references
 from graphopt.ir.tensor import external_initializers, tensor_references
 from graphopt.option_names import from_command_line, option
 from graphopt.output_kind import check_file_name, writes_om, writes_onnx
+from graphopt.portable_sessions import session_note
 from graphopt.portable_types import residual_sums, residual_types_kept
 from graphopt.source_marks import (EXTRA_CUT, EXTRA_FIXED_INPUTS, EXTRA_IO_TYPES,
                                    EXTRA_PREPROCESS, EXTRA_RESCALED, cut_outputs,
@@ -99,6 +100,9 @@ def save(model: Model | OptimizeResult | ModelProto, path: str | os.PathLike, *,
         return
     with residual_sums(model):
         save_onnx(model, path, external=external_data, value_infos=residual_types_kept(model))
+        note = session_note(model, path) if result is not None else None
+    if note and note not in result.notes:
+        result.notes.append(note)
 
 
 def _source_sha256(result: OptimizeResult) -> str | None:

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from helpers import IR_VERSION
 
 import graphopt
-from graphopt import numerics
+from graphopt import numerics, zoo
 from graphopt.atomic import atomic_write, atomic_write_bytes
 from graphopt.codegen import OmPartition, OmSession, load_om, om_read, write_om
 from graphopt.codegen.om import DETAILS_SCHEMA, MANIFEST_SCHEMA, is_om
@@ -969,6 +969,14 @@ def test_a_models_own_4bit_weights_keep_float_activations_in_the_om(tmp_path):
     # A caller's own setting still goes to onnxruntime
     fast = graphopt.load(path, session_config={"session.qdq_matmulnbits_accuracy_level": "4"})
     assert np.abs(fast.run(feeds)["y"] - expected).max() > 1e-3
+    # A portable .onnx cannot carry the setting: a note says what its session needs.
+    result = graphopt.optimize(model)
+    graphopt.save(result, tmp_path / "int4.onnx")
+    (note,) = [n for n in result.notes if n.startswith(f"{tmp_path / 'int4.onnx'}: run it")]
+    assert 'add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")' in note
+    plain = graphopt.optimize(zoo.build("tiny"))
+    graphopt.save(plain, tmp_path / "tiny.onnx")
+    assert not any("run it with" in n for n in plain.notes)
 
 
 @pytest.mark.skipif("CANNExecutionProvider" in ort.get_available_providers(),

@@ -100,7 +100,8 @@ _NORM_FUSERS = ("LayerNormFusionL1", "LayerNormFusionL2", "LayerNormFusion",
                 "SimplifiedLayerNormFusion")
 
 
-def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | None:
+def disabled_optimizers(model: Model, level: str | None = None, *,
+                        for_speed: bool = True) -> list[str] | None:
     """The onnxruntime optimizers that would change this partition's results or slow it, at
     its session `level` (None: onnxruntime's default, "all"): None, or WeightBiasQuantization
     when a float Conv/ConvTranspose/Gemm reads dequantized data, MatmulTransposeFusion when a
@@ -112,10 +113,11 @@ def disabled_optimizers(model: Model, level: str | None = None) -> list[str] | N
     "extended" or above (a fused float one, Q/DQ, convs left for onnxruntime to block, a
     compile for no target) has an Add + LayerNormalization it would fuse: a wav2vec2 export's
     .om, its convs left to onnxruntime, ran 1.28× the original's time with four
-    SkipLayerNormalizations, 1.01× without."""
+    SkipLayerNormalizations, 1.01× without. That last one is for speed alone: `for_speed=False`
+    leaves it out, for the optimizers that change results."""
     found = []
     functions = {(f.domain, f.name): f for f in model.functions}
-    if level in (None, "all", "extended"):
+    if for_speed and level in (None, "all", "extended"):
         if any(_refusable_skip_layernorm(n, functions) for n in model.graph.all_nodes()):
             found.append(_SKIP_FUSER)
     if level != "disable" and any(_misfused_norm_part(n) or _misfused_in_call(n, functions)
