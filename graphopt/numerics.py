@@ -183,8 +183,21 @@ def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
                 f"inputs with {feeds}, or sizes for those dims with {sizes})")
     if pinned or not opened:
         return f" (on {source} inputs: give real inputs with {feeds})"
+    cache = _kv_cache_inputs(signature)
+    if cache:  # its mask spans past + new tokens, a relation seeded dims of 1 do not keep
+        return (f" (on {source} inputs, open dims 1: a decoder with a KV cache ({cache[0]}"
+                f"{' …' if len(cache) > 1 else ''}) needs its attention mask as long as the "
+                f"past and the new tokens together: give a real step's inputs with {feeds}, or "
+                f"sizes with {sizes} that keep that sum)")
     return (f" (on {source} inputs, open dims 1: give real inputs with {feeds}, or "
             f"sizes with {sizes})")
+
+
+def _kv_cache_inputs(signature: list[dict] | None) -> list[str]:
+    """The inputs of rank 3 or more whose names say they hold past keys or values."""
+    return [entry["name"] for entry in signature or ()
+            if "past" in entry["name"].lower() and entry.get("shape") is not None
+            and len(entry["shape"]) >= 3]
 
 
 def left_at_one(signature: list[dict], made: dict, pins: dict | None = None) -> list[str]:

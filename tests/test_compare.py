@@ -619,6 +619,25 @@ def test_random_inputs_the_reference_cannot_run_get_a_hint(tmp_path):
     assert compare_models(str(source), str(om), x).passed
 
 
+def test_a_kv_cache_decoder_the_seeded_inputs_cannot_run_gets_told_why():
+    # Its mask spans past + new tokens: seeded dims of 1 give a mask of 1 beside a past of 1,
+    # which the decoder refuses; the hint had named sizes without the relation they must keep.
+    import graphopt
+    from graphopt.errors import VerificationError
+
+    # The mask's entry at the first new token, past_key's length along the sequence.
+    model = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 18]>\n'
+                                    'g (float[1,2,past,4] past_key, float[1,total] mask) '
+                                    '=> (float[1] y) {\n'
+                                    '  s = Shape(past_key)\n'
+                                    '  p = Gather(s, two)\n'
+                                    '  y = Gather<axis = 1>(mask, p) }')
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(2, np.int64), "two"))
+    with pytest.raises(VerificationError, match=r"a decoder with a KV cache \(past_key\) needs "
+                                                r"its attention mask as long as the past and"):
+        graphopt.optimize(model, verify=True)
+
+
 def test_a_model_whose_external_weights_are_missing_is_named(tmp_path, capsys):
     import numpy as np
 
