@@ -63,6 +63,33 @@ g (float[1, 4, 8, 8] x) => (float[1, 4, 8, 8] y) {{
     assert "Swish" in [n.op_type for n in graphopt.optimize(proto, target="cpu").model.graph]
 
 
+@pytest.mark.parametrize("target", [None, "cpu", "ascend310"])
+@pytest.mark.parametrize("alpha", ["", "<alpha = 1.5>"])
+def test_swiglu_becomes_sigmoid_and_muls_that_onnxruntime_loads(target, alpha):
+    # Opset 28's SwiGLU: onnxruntime 1.32 expands its function, whose Swish-24 it then finds
+    # no kernel for, and refused the model; no NPU profile lists it either.
+    rng = np.random.default_rng(2)
+    proto = parse_model(f"""
+g (float[2, 8] x) => (float[2, 16] y) {{
+  a = MatMul(x, wg)
+  b = MatMul(x, wu)
+  y = SwiGLU {alpha} (a, b)
+}}""", header='<ir_version: 11, opset_import: ["" : 28]>\n',
+        wg=rng.standard_normal((8, 16)).astype(np.float32),
+        wu=rng.standard_normal((8, 16)).astype(np.float32))
+    with pytest.raises(Exception, match="Swish"):
+        numerics.run(proto, {"x": np.ones((2, 8), np.float32)})  # the premise
+    result = graphopt.optimize(proto, target=target)
+    assert result.log.totals()["ExpandForDevice"]["rewrites"] == {"SwiGLUAsSigmoid": 1}
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    a, b = x @ weights["wg"], x @ weights["wu"]
+    scale = 1.5 if alpha else 1.0
+    expected = a / (1 + np.exp(-scale * a)) * b
+    np.testing.assert_allclose(numerics.run(result.to_onnx(), {"x": x})["y"], expected,
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_mish_stays_one_op_where_the_cpu_runs_it():
     for target in (None, "cpu"):
         ops = [n.op_type for n in graphopt.optimize(_mish_net(), target=target).model.graph]

@@ -3,6 +3,7 @@ it has, so it stays on the device instead of sending its neighbourhood to the ho
 
     Mish(x)  →  x · Tanh(Softplus(x))        (ONNX's own definition of Mish, opset 18)
     Swish(x) →  x · Sigmoid(α · x)           (ONNX's Swish, opset 24; α = 1: x · Sigmoid(x))
+    SwiGLU(a, b) → a · Sigmoid(α · a) · b    (ONNX's SwiGLU, opset 28: Swish(a) · b)
 
 The dynamo exporter writes `nn.Mish` as the one ONNX op (TorchScript writes the three): CANN's
 ONNX operator list has Softplus, Tanh and Mul but no Mish, and a YOLOv4-style backbone on
@@ -11,7 +12,8 @@ operator's definition, computed by other kernels: on the CPU stand-in within flo
 rounding of onnxruntime's Mish kernel. A target whose NPU has the op, a CPU target, and a
 compile without a target keep it. GroupNormalization (group_norm.py) is expanded for the CPU
 too, whose onnxruntime has no kernel for it; onnxruntime's BERT ops (device_expand_bert.py)
-for an NPU without them.
+for an NPU without them. So is SwiGLU: onnxruntime 1.32 expands its function, whose body's
+Swish-24 it then finds no kernel for, and a model with one did not load at all.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from graphopt.passes.fusion.device_expand_bert import (AttentionAsMatMuls, Embed
 from graphopt.passes.fusion.device_kernels import npu_lacks
 from graphopt.passes.fusion.group_norm import GroupNormAsInstanceNorm
 from graphopt.passes.fusion.onnx_attention import OnnxAttentionAsMatMuls
-from graphopt.passes.rules import Rule, RulePass
+from graphopt.codegen.om_manifest import dtype_name
+from graphopt.passes.rules import Rule, RulePass, placed_device
 
 
 class MishAsSoftplusTanh(Rule):
@@ -63,13 +66,50 @@ class SwishAsSigmoid(Rule):
         return op.Mul(x, op.Sigmoid(scaled))
 
 
+class SwiGLUAsSigmoid(Rule):
+    """SwiGLU(a, b) → a · Sigmoid(α·a) · b wherever the device running it has no SwiGLU kernel:
+    the CPU provider of onnxruntime 1.32 too, which cannot load the op."""
+
+    dtypes = (DType.FLOAT, DType.FLOAT16)
+
+    def pattern(self, op, a, b):
+        return op.SwiGLU(a, b, _name="swiglu")
+
+    def unsupported(self, root, target=None):
+        return _runs_swiglu(target, root) or super().unsupported(root, target)
+
+    def rewrite(self, op, a, b, swiglu, **_):
+        alpha = float(swiglu.attr("alpha", 1.0))
+        scaled = a if alpha == 1.0 else op.Mul(a, op.const(np.array(alpha, a.dtype.numpy)))
+        return op.Mul(op.Mul(a, op.Sigmoid(scaled)), b)
+
+
+def _runs_swiglu(target, root) -> str | None:
+    """Why the device that would run the SwiGLU at `root` keeps it (None: it has no kernel for
+    it, but Sigmoid and Mul): onnxruntime's CPU kernel registry for a compile without a target."""
+    if target is None:
+        from graphopt.partition.target import load_target
+
+        target = load_target("cpu")
+    device = placed_device(target, root)
+    dtype = dtype_name(int(root.dtype)) if root.dtype is not None else None
+    if device.has_kernel("SwiGLU", "", dtype):
+        return f"target {target.name}: its {device.name} runs SwiGLU"
+    missing = [op for op in ("Sigmoid", "Mul") if not device.has_kernel(op, "", dtype)]
+    if missing:
+        return f"target {target.name}: its {device.name} has no kernel for " \
+               f"{', '.join(missing)} either"
+    return None
+
+
 @register
 class ExpandForDevice(RulePass):
     name = "ExpandForDevice"
-    description = ("rewrite ops the device running them lacks (Mish, Swish, GroupNormalization, "
-                   "Attention; onnxruntime's Attention and EmbedLayerNormalization) in ONNX ops "
-                   "it has")
-    rules = (MishAsSoftplusTanh, SwishAsSigmoid, AttentionAsMatMuls, MaskIndexCounted,
+    description = ("rewrite ops the device running them lacks (Mish, Swish, SwiGLU, "
+                   "GroupNormalization, Attention; onnxruntime's Attention and "
+                   "EmbedLayerNormalization) in ONNX ops it has")
+    rules = (MishAsSoftplusTanh, SwishAsSigmoid, SwiGLUAsSigmoid, AttentionAsMatMuls,
+             MaskIndexCounted,
              EmbedLayerNormAsGathers, GroupNormAsInstanceNorm, OnnxAttentionAsMatMuls)
 
 
