@@ -184,7 +184,7 @@ def _other_branch(original: ModelProto, optimized: ModelProto, feeds: dict, swit
     value left unrun is checked too (an optimum-style decoder's first step, without the
     cache); `errors` then holds the larger error of the two runs per output."""
     seeded = bool(np.asarray(feeds[switch]).reshape(-1)[0])
-    flipped = {**feeds, switch: np.logical_not(feeds[switch])}
+    flipped = {**feeds, switch: np.asarray(np.logical_not(feeds[switch]))}
     try:
         numerics.run(original, flipped)
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors are the message

@@ -915,3 +915,16 @@ def test_verify_says_when_onnxruntimes_optimizer_fails_the_original_too(monkeypa
     assert "onnxruntime cannot run the optimized model" in message
     assert ("onnxruntime fails the original too at that level, ORT_ENABLE_ALL" in message) \
         == original_fails, message
+
+
+def test_an_element_that_overflows_on_one_side_is_an_infinite_error():
+    # A float16 overflow (inf where the reference is 4.0) had read "max |error| 0".
+    from graphopt.tools.accuracy import _max_error
+
+    ref = np.array([1.0, 4.0, np.inf, np.nan, -2.0], np.float32)
+    assert _max_error(ref, np.array([1.0, np.inf, np.inf, np.nan, -2.5], np.float32)) \
+        == (float("inf"), 4.0)
+    assert _max_error(ref, np.array([1.0, 4.0, np.inf, np.nan, -2.5], np.float32)) == (0.5, 4.0)
+    assert _max_error(ref, np.array([1.0, 4.0, -np.inf, np.nan, -2.0], np.float32))[0] \
+        == float("inf")
+    assert _max_error(np.array([np.nan], np.float32), np.array([1.0], np.float32)) is None

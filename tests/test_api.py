@@ -1038,3 +1038,21 @@ def test_verify_on_seeded_inputs_runs_both_branches_a_boolean_input_selects():
     with pytest.raises(VerificationError, match="with use_cache_branch = True"):
         verify_outputs(original, _merged_decoder("Sigmoid"), None, Options(), judge, [])
     assert graphopt.optimize(original, verify=True).max_abs_error["y"] < 1e-5
+
+
+def test_verify_flips_a_rank_0_boolean_switch_too():
+    # np.logical_not of a 0-d array is a numpy scalar, which onnxruntime refused: the note
+    # said the original could not run the other branch.
+    then = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["t"])], "t", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4])])
+    other = helper.make_graph([helper.make_node("Add", ["x", "x"], ["e"])], "e", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              ir_version=IR_VERSION)
+    note = graphopt.optimize(model, verify=True).verify_note
+    assert "both branches verified" in note, note

@@ -761,24 +761,32 @@ def test_a_cast_round_trip_goes_only_through_a_type_that_holds_every_value(sourc
 
 
 def test_a_reduction_over_dims_of_size_one_is_its_input_or_a_squeeze():
-    # Sum/Mean/Max/Min/Prod of one element is that element: kept dims make the input itself,
-    # dropped ones a Squeeze (a view in onnxruntime). ReduceL2 (sqrt(x²), which rounds) and a
-    # reduction over a dim of 4 stay.
+    # Max/Min/Prod of one element is that element, and so is an integer Sum or Mean: kept
+    # dims make the input itself, dropped ones a Squeeze (a view in onnxruntime). A float Sum
+    # or Mean stays: onnxruntime's sums start from +0.0, and a -0.0 over a dim that is not the
+    # innermost comes out +0.0, which 1/x tells apart. ReduceL2 (sqrt(x²), which rounds) and a
+    # reduction over a dim of 4 stay too.
     text = HEADER + """
-    g (float[2, 1, 4, 1] x) => (float[2, 1, 4, 1] m, float[2, 4] s, float[2, 4, 1] p,
-                               float[2, 1, 4, 1] l, float[2, 1, 1, 1] w)
+    g (float[2, 1, 4, 1] x, int32[2, 1, 4, 1] i) => (float[2, 1, 4, 1] m, int32[2, 4] s,
+                                                  float[2, 4, 1] p, float[2, 1, 4, 1] l,
+                                                  float[2, 1, 1, 1] w, float[2, 1, 4, 1] f)
       <int64[2] ones = {1, 3}, int64[1] second = {-3}> {
-        m1 = ReduceMean <axes = [1, -1]> (x)
+        m1 = ReduceMax <axes = [1, -1]> (x)
         m = Relu(m1)
-        s = ReduceSum <keepdims = 0> (x, ones)
+        s = ReduceSum <keepdims = 0> (i, ones)
         p = ReduceProd <axes = [1], keepdims = 0> (x)
         l = ReduceL2 <axes = [1]> (x)
         w = ReduceMax <axes = [2]> (x)
+        f1 = ReduceMean <axes = [1]> (x)
+        f = Reciprocal(f1)
     }"""
     model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
-    assert stats.get("ReduceMean") == 1 and stats.get("ReduceOverOnes") == 2
-    assert sorted(ops(model)) == ["ReduceL2", "ReduceMax", "Relu", "Squeeze", "Squeeze"]
-    feeds = {"x": np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 1, 4, 1)}
+    assert stats.get("ReduceMax") == 1 and stats.get("ReduceOverOnes") == 2
+    assert sorted(ops(model)) == ["Reciprocal", "ReduceL2", "ReduceMax", "ReduceMean", "Relu",
+                                  "Squeeze", "Squeeze"]
+    x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 1, 4, 1)
+    x[0, 0, 1, 0] = -0.0
+    feeds = {"x": x, "i": np.arange(-4, 4, dtype=np.int32).reshape(2, 1, 4, 1)}
     assert _bitwise_same(onnx.parser.parse_model(text), to_onnx(model), feeds)
     before_13 = HEADER.replace('"" : 17', '"" : 11') + """
     g (float[2, 1, 4] x) => (float[2, 4] y) {

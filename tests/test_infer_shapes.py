@@ -856,3 +856,28 @@ def test_the_qoperator_quantizers_contrib_ops_are_typed_as_onnxruntime_computes_
         actual = results[value.name]
         assert (value.dtype, value.shape) == (DType.from_numpy(actual.dtype), actual.shape), \
             value.name
+
+
+def test_a_qgemm_without_an_output_zero_point_is_float():
+    # onnxruntime writes float32 without y_zero_point, even given a y_scale: typed uint8, the
+    # compile had declared the wrong output type and was refused.
+    weights = [numpy_helper.from_array(np.array(0.1, np.float32), "xs"),
+               numpy_helper.from_array(np.array(3, np.int8), "xz"),
+               numpy_helper.from_array(np.ones((4, 3), np.int8), "w"),
+               numpy_helper.from_array(np.array(0.1, np.float32), "ws"),
+               numpy_helper.from_array(np.array(0, np.int8), "wz"),
+               numpy_helper.from_array(np.array(0.5, np.float32), "ys")]
+    graph = helper.make_graph(
+        [helper.make_node("QGemm", ["x", "xs", "xz", "w", "ws", "wz", "", "ys"], ["y"],
+                          domain="com.microsoft"),
+         helper.make_node("Relu", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, [2, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])], weights)
+    proto = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[
+        helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    model = load_onnx(proto)
+    infer_shapes(model)
+    y = next(v for v in model.graph.all_values() if v.name == "y")
+    assert (y.dtype, y.shape) == (DType.FLOAT, (2, 3))
+    assert numerics.run(proto, {"x": np.ones((2, 4), np.int8)})["z"].dtype == np.float32
+    optimize(proto, verify=True)

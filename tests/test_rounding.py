@@ -403,7 +403,17 @@ def test_a_model_that_quantizes_activations_may_move_by_a_step(monkeypatch):
 
     quantized = model("q = QuantizeLinear(x, s, z)\n y = DequantizeLinear(q, s, z)\n")
     plain = model("y = Relu(x)\n")
-    assert rounding.quantizes_activations(quantized) and not rounding.quantizes_activations(plain)
+    assert rounding.after_quantization(quantized) == {"y"}
+    assert rounding.after_quantization(plain) == set()
+    # An output beside the quantized path keeps the float bound.
+    beside = onnx.parser.parse_model("""<ir_version: 8, opset_import: ["" : 17]>
+        g (float[1, 8, 16] x) => (float[1, 8, 16] y, float[1, 8, 16] r)
+          <float s = {0.05}, uint8 z = {128}> {
+            q = QuantizeLinear(x, s, z)
+            y = DequantizeLinear(q, s, z)
+            r = Relu(x)
+        }""")
+    assert rounding.after_quantization(beside) == {"y"}
     rng = np.random.default_rng(6)
     expected = rng.uniform(-4.5, 4.5, (1, 8, 16)).astype(np.float32)
     own, actual = expected.copy(), expected.copy()

@@ -1,5 +1,6 @@
 """Nodes whose output equals a value further up: f(f(x)) for an idempotent f, g(g(x)) for an
-involution, a Cast back from a type that held every value, a reduction over dims of size 1.
+involution, a Cast back from a type that held every value, a reduction over dims of size 1
+(Max, Min and Prod; Sum and Mean of integers).
 
 Each is exact, signed zeros and NaNs included: the outer node applies the same function to a
 value the inner one already produced (Relu, Abs, Ceil, Floor, Round and Sign leave their own
@@ -72,9 +73,14 @@ def cast_round_trip(node: Node) -> Value | None:
 
 
 def size_one_axes(node: Node) -> tuple[int, ...] | None:
-    """The axes a Sum/Mean/Max/Min/Prod reduction takes when each of them has size 1 (each
-    result is then the one element it reduces), else None."""
+    """The axes a Max/Min/Prod reduction (or an integer Sum/Mean) takes when each of them has
+    size 1 (each result is then the one element it reduces), else None."""
     if node.op_type not in _ONE_ELEMENT_IS_ITSELF:
+        return None
+    # onnxruntime's float sums start from +0.0: a ReduceSum/ReduceMean over a size-1 dim that is
+    # not the innermost turns -0.0 into +0.0, which 1/x tells apart.
+    x = node.inputs[0]
+    if node.op_type in ("ReduceSum", "ReduceMean") and (x.dtype is None or x.dtype.is_float):
         return None
     axes = reduced_axes(node)
     shape = node.inputs[0].shape

@@ -78,7 +78,7 @@ def _cast(node: Node) -> Value | None:
 
 
 def _reduce_kept(node: Node) -> Value | None:
-    """A Sum/Mean/Max/Min/Prod over dims of size 1 that keeps them: its input."""
+    """A reduction over dims of size 1 that keeps them (noop_chains.size_one_axes): its input."""
     if node.attr("keepdims", 1) and size_one_axes(node) is not None \
             and _same_type(node.inputs[0], node.output):
         return node.inputs[0]
@@ -86,7 +86,7 @@ def _reduce_kept(node: Node) -> Value | None:
 
 
 def _reduce_dropped(node: Node, opset: int, ctx: PassContext) -> bool:
-    """A Sum/Mean/Max/Min/Prod over dims of size 1 that drops them becomes a Squeeze of them,
+    """A reduction over dims of size 1 (size_one_axes) that drops them becomes a Squeeze of them,
     which onnxruntime runs as a view of its input instead of a pass over it."""
     axes = size_one_axes(node)
     if axes is None or node.attr("keepdims", 1) or not _same_type(node.inputs[0], node.output) \

@@ -53,13 +53,11 @@ def _unary(node) -> list:
 
 def _gemm(node) -> list:
     """QGemm(A, a_scale, a_zero, B, b_scale, b_zero, C, y_scale, y_zero): [M, N] after transA
-    and transB; float32 without y_scale, else y_zero's dtype (uint8 without one)."""
+    and transB; y_zero's dtype, float32 without it (as onnxruntime computes it, even with a
+    y_scale)."""
     a, b = node.inputs[0], node.input(3)
-    if node.input(7) is None:
-        dtype = DType.FLOAT
-    else:
-        zero = node.input(8)
-        dtype = DType.UINT8 if zero is None else zero.dtype
+    zero = node.input(8)  # onnxruntime: float32 without y_zero_point, even with y_scale
+    dtype = DType.FLOAT if node.input(7) is None or zero is None else zero.dtype
     if dtype is None:
         return []
     shape = None

@@ -393,16 +393,23 @@ def _pool(shown: OutputAccuracy, rows: list[OutputAccuracy]) -> None:
 
 
 def _max_error(ref: np.ndarray, cand: np.ndarray) -> tuple[float, float] | None:
-    """(largest |cand - ref|, largest |ref|) over the elements both hold finite, in float64
-    (float16 outputs subtract without rounding), or None where shapes differ or none is."""
+    """(largest |cand - ref|, largest finite |ref|), in float64 (float16 outputs subtract
+    without rounding), or None where shapes differ or the reference holds nothing finite. An
+    element finite on one side alone, or non-finite on both but not alike (inf against NaN,
+    +inf against -inf), is off by inf: a float16 overflow is what the column is for."""
     if ref.shape != cand.shape:
         return None
     wide = np.complex128 if "c" in (ref.dtype.kind, cand.dtype.kind) else np.float64
     ref, cand = ref.astype(wide), cand.astype(wide)
     finite = np.isfinite(ref) & np.isfinite(cand)
-    if not finite.any():
+    if not np.isfinite(ref).any():
         return None
-    return float(np.abs(cand - ref)[finite].max()), float(np.abs(ref)[finite].max())
+    alike = (np.isnan(ref) & np.isnan(cand)) | (ref == cand)
+    largest = float(np.abs(ref[np.isfinite(ref)]).max())
+    if not (finite | alike).all():
+        return float("inf"), largest
+    error = float(np.abs(cand[finite] - ref[finite]).max()) if finite.any() else 0.0
+    return error, largest
 
 
 def _spoiled(entry: OutputAccuracy) -> bool:
