@@ -1,4 +1,5 @@
-"""Deprecated ONNX ops that onnxruntime still runs, rewritten at import into current ones."""
+"""Deprecated ONNX ops that onnxruntime still runs, rewritten at import into current ones, and
+attributes onnxruntime accepts in some places only, dropped where they mean nothing."""
 
 from __future__ import annotations
 
@@ -22,7 +23,23 @@ def replace_deprecated_ops(model: Model, label: str = "model") -> list[str]:
     """Rewrite the deprecated ops onnxruntime runs (GroupNormalization-18) into the same
     computation in ops of the model's opset, and raise the opset of a model that uses
     LayerNormalization before ONNX defined it; returns a note per kind of rewrite."""
+    _inert_saturate(model)
     return _early_layer_norm(model, label) + _group_norms(model)
+
+
+# The types a Cast's `saturate` applies to (opset 19's float8s, opset 23's float4 and e8m0).
+_SATURATING = frozenset({DType.FLOAT8E4M3FN, DType.FLOAT8E4M3FNUZ, DType.FLOAT8E5M2,
+                         DType.FLOAT8E5M2FNUZ, DType.FLOAT4E2M1, DType.FLOAT8E8M0})
+
+
+def _inert_saturate(model: Model) -> None:
+    """Drop `saturate` from each Cast to a type it does not apply to, where it changes nothing:
+    onnxruntime refuses it at load ("only used for cast to float 8 types") in the main graph,
+    not inside a Loop body, and a Cast moved out of one had made a model that did not load."""
+    for node in model.graph.all_nodes():
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and "saturate" in node.attrs \
+                and node.attr("to") is not None and node.attr("to") not in _SATURATING:
+            del node.attrs["saturate"]
 
 
 def _early_layer_norm(model: Model, label: str) -> list[str]:

@@ -370,3 +370,27 @@ def test_shape_inference_names_an_unnamed_node_by_its_output_even_beside_a_retur
     with pytest.raises(GraphoptError, match=r"^<model>: node writing 'y' \(Conv\): shape "
                                             r"inference refuses it: .*dilations"):
         graphopt.optimize(model)
+
+
+def test_a_casts_inert_saturate_is_dropped_so_the_cast_can_leave_a_loop_body():
+    # onnxruntime loads this Loop body's Casts with `saturate` to integer types, and refuses
+    # the attribute ("only used for cast to float 8 types") once a compile had moved them out
+    # of the body: the compiled model did not load.
+    proto = onnx.parser.parse_model("""<ir_version: 9, opset_import: ["" : 19]>
+    g (int32[1,1,1,1] x) => (int32[1,a,1,1] x, int32[b,c,d,e,f] scanned)
+       <int64 n = {2}, bool go = {1}> {
+       scanned = Loop (n, go) <body: graph = body (int64 i, bool cond) =>
+                                (bool cond_out, int32[g,1,h,k] back) {
+          cond_out = Identity (cond)
+          wide = Cast <saturate: int = 1, to: int = 13> (x)
+          narrow = Cast <saturate: int = 0, to: int = 6> (wide)
+          back = Cast <to: int = 6> (narrow)
+       }>
+    }""")
+    assert _ort_loads(proto)
+    x = {"x": np.array([[[[-3]]]], np.int32)}
+    for level in (1, 2, 3):
+        out = graphopt.optimize(proto, level=level).to_onnx()
+        assert not any(a.name == "saturate" for n in out.graph.node for a in n.attribute)
+        np.testing.assert_array_equal(numerics.run(out, x)["scanned"],
+                                      numerics.run(proto, x)["scanned"])
