@@ -128,8 +128,8 @@ def _describe_device(d: Device) -> list[str]:
     if d.kernel_source == "onnxruntime":
         from graphopt.partition.target_ort import ort_version
 
-        lines.append(f"  kernels: the CPU kernels of the installed onnxruntime {ort_version()} "
-                     "(--json lists them)")
+        lines.append(f"  kernels: the CPU kernels of the installed onnxruntime {ort_version()}, "
+                     "read when the profile loads")
         return lines
     for engine in d.engines:
         rows = [[s.op, _dtypes(s), s.max_rank or "", _constraints(s), s.note or ""]
@@ -166,6 +166,12 @@ def _device_json(d: Device) -> dict:
                launch_overhead_s=d.launch_overhead_s)
     if d.kind == "cpu":  # "auto" stays auto: a dump read on another CPU takes that CPU's block
         out["nchwc_block_size"] = "auto" if d.nchwc_auto else d.nchwc_block_size
+    if d.kernel_source == "onnxruntime":
+        # As the profile says it: a copy of the table the installed onnxruntime gives loads as a
+        # fixed list, without onnxruntime's float16 fallback and per-opset kernel lookup (a
+        # custom copy of `cpu` refused --precision fp16).
+        out["ops"] = "onnxruntime"
+        return out
     out["engines"] = {engine: {"kind": kind,
                                "ops": {s.op: _op_json(s) for s in d.engine_ops(engine)}}
                       for engine, kind in d.engines.items()}
