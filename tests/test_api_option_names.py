@@ -53,6 +53,12 @@ CASES = {
                         "precision_allow and precision_deny both name Conv",
                         ["--precision", "fp16", "--precision-allow", "Conv", "--precision-deny",
                          "Conv"], "--precision-allow and --precision-deny both name Conv"),
+    "keep_dtype_op_type": ("static", {"precision": "fp16", "pass_options": {
+                               "precision_allow": ["Conv"], "keep_dtype": ["OpType::Conv"]}},
+                           "precision_allow names Conv, which keep_dtype keeps (OpType::Conv)",
+                           ["--precision", "fp16", "--precision-allow", "Conv", "--keep-dtype",
+                            "OpType::Conv"],
+                           "--precision-allow names Conv, which --keep-dtype keeps"),
     "quantize": ("static", {"quantize": "int8"},
                  "quantize='int8' needs calibration=FILE.npz|DIR",
                  ["--quantize", "int8"], "--quantize int8 needs --calibration FILE.npz|DIR"),

@@ -101,10 +101,16 @@ def check_options(options) -> None:
     if options.quantize not in QUANTIZE:
         raise OptionError(f"{setting('quantize', options.quantize)}: unknown scheme "
                           f"(use {', '.join(QUANTIZE)})")
-    both = sorted(set(options.precision_allow) & deny_types(options))
+    both = sorted(set(options.precision_allow) & set(options.precision_deny))
     if both:
         raise OptionError(f"{option('precision_allow')} and {option('precision_deny')} both "
                           f"name {', '.join(both)}")
+    kept = sorted(set(options.precision_allow)
+                  & (deny_types(options) - set(options.precision_deny)))
+    if kept:
+        raise OptionError(f"{option('precision_allow')} names "
+                          f"{', '.join(kept)}, which {option('keep_dtype')} keeps "
+                          f"({', '.join(OP_TYPE_ENTRY + op for op in kept)})")
     listed = options.precision_allow or options.precision_deny or options.keep_dtype
     if listed and options.precision == "keep":
         raise OptionError(f"{option('precision_allow')}/{option('precision_deny')}/"
