@@ -54,7 +54,9 @@ def select_outputs(model: Model, wanted: list[str], label: str) -> str:
     graph.outputs = chosen
     if cut:
         model.metadata_props[CUT_KEY] = json.dumps(list(dict.fromkeys(cut)))
+    present = graph.nodes()
     _drop_dead(graph)
+    model.cut_names = model.cut_names | _names_of(set(present) - set(graph.nodes()))
     names = ", ".join(repr(value.name) for value in chosen)
     return (f"{option('out_nodes')}: the model ends at {names}; {before - len(graph)} node(s) "
             "that only the other outputs needed were removed")
@@ -104,6 +106,20 @@ def _where_else(graph: Graph, name: str) -> str:
             return (f"it is inside the body of {holder.op_type} node {holder.name!r}; "
                     "only tensors of the main graph can be outputs")
     return "no tensor or node of the main graph has that name (give a tensor name or node:index)"
+
+
+def _names_of(nodes) -> frozenset[str]:
+    """The names the options that name nodes or op types may give `nodes`."""
+    from graphopt.passes.unmatched import op_spellings
+    from graphopt.precision_modes import OP_TYPE_ENTRY
+
+    names = set()
+    for node in nodes:
+        spellings = op_spellings(node)
+        names.update(spellings, (OP_TYPE_ENTRY + op for op in spellings))
+        if node.name:
+            names.add(node.name)
+    return frozenset(names)
 
 
 def _drop_dead(graph: Graph) -> None:

@@ -235,3 +235,16 @@ def test_compare_matches_an_output_cut_at_an_input_or_a_weight(tmp_path, capsys,
     rc, out, err = run_cli(capsys, "compare", path, cut)
     assert rc == 0, err
     assert f"\n{spec} " in out and "outputs: 1/1 pass" in out
+
+
+def test_names_only_the_cut_removed_are_said_to_be_cut_not_misspelt():
+    # --precision-allow of an op, --quant-skip of a node that --out-nodes removed: the notes
+    # had blamed a fusion or a typo.
+    model = conv_topk_model()
+    fp16 = graphopt.optimize(model, out_nodes="r2", precision="fp16",
+                             pass_options={"precision_allow": ["Gemm"]})
+    assert "ConvertPrecision: precision_allow 'Gemm' names only what out_nodes removed " \
+           "(the model ends before it)" in fp16.notes, fp16.notes
+    typo = graphopt.optimize(model, out_nodes="r2", precision="fp16",
+                             pass_options={"precision_allow": ["Gemn"]})
+    assert not any("out_nodes removed" in note for note in typo.notes), typo.notes

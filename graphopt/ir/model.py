@@ -24,6 +24,9 @@ class Model:
     functions: list[Any] = field(default_factory=list)
     training_info: list[Any] = field(default_factory=list)
     configuration: list[Any] = field(default_factory=list)
+    # The node names and op types --out-nodes removed at import (never written): a note on a
+    # name a user gave that matches nothing can then say why.
+    cut_names: frozenset[str] = field(default_factory=frozenset)
 
     def opset(self, domain: str = "") -> int | None:
         if domain in ("", "ai.onnx"):

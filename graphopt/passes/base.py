@@ -48,6 +48,8 @@ class PassContext:
     # user gave that match nothing after the fusions (set by the pass manager when the
     # compile names nodes: keep_dtype, quant_skip).
     source_names: frozenset[str] = frozenset()
+    # The node names and op types --out-nodes removed before the pipeline (Model.cut_names).
+    cut_names: frozenset[str] = frozenset()
 
     def note(self, message: str) -> None:
         if message not in self.notes:

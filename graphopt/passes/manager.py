@@ -103,6 +103,7 @@ class PassManager:
     def _run(self, model: Model) -> PassLog:
         self._count = None
         options = self.ctx.options
+        self.ctx.cut_names = self.ctx.cut_names | model.cut_names
         # Only a compile given node names to match (--keep-dtype, --quant-skip) reads them.
         if not self.ctx.source_names and (options.keep_dtype or options.quant_skip):
             self.ctx.source_names = frozenset(

@@ -9,21 +9,29 @@ from collections.abc import Iterable
 from graphopt.option_names import option
 
 
-def unmatched_note(checks: Iterable[tuple], source: frozenset[str] = frozenset()) -> str | None:
+def unmatched_note(checks: Iterable[tuple], source: frozenset[str] = frozenset(),
+                   cut: frozenset[str] = frozenset()) -> str | None:
     """For each (option, entries, names it may match[, "op types"]), the entries outside those
     names, each with its nearest names; None when every entry matches. Entries marked as op
     types get a note that the graph has none (not that a fusion renamed a node). `source`, the
     node names of the model as imported, tells a node a fusion renamed from a name no node of
-    the model ever had (a typo); without it the note gives both causes."""
-    renamed, unknown, op_types = [], [], []
+    the model ever had (a typo); without it the note gives both causes. `cut`, the names and
+    op types of the nodes --out-nodes removed, tells those apart from both."""
+    renamed, unknown, op_types, removed = [], [], [], []
     for name, entries, known, *kind in checks:
         for entry in sorted(set(entries) - known):
+            if entry in cut:
+                removed.append(f"{name} {entry!r}")
+                continue
             near = _nearest(entry, known)
             text = f"{name} {entry!r}" + (f" (nearest: {', '.join(map(repr, near))})"
                                           if near else "")
             (op_types if kind == ["op types"] else
              renamed if not source or entry in source else unknown).append(text)
     parts = []
+    if removed:
+        parts.append("; ".join(removed) + f" {_verb(removed)} only what "
+                     f"{option('out_nodes')} removed (the model ends before it)")
     if unknown:
         parts.append("; ".join(unknown) + f" {_verb(unknown)} nothing in the model")
     if renamed:

@@ -151,7 +151,8 @@ class QuantizeInt8(Pass):
             if ctx.shared_stats is not None and ctx.calibration_mismatch is None:
                 ctx.shared_stats.keep_extents({}, model.graph)  # measured, when none to measure
         splits = split_activations(model.graph, opset, convs=form == "onnxruntime")
-        missing = unmatched_skips(model.graph, options.quant_skip, self.name, ctx.source_names)
+        missing = unmatched_skips(model.graph, options.quant_skip, self.name,
+                                  ctx.source_names, ctx.cut_names)
         if missing:
             ctx.note(missing)
         # After that check, which would not find a HardSwish that quant_skip names.

@@ -343,12 +343,13 @@ def is_end(node: Node) -> bool:
 
 
 def unmatched_skips(graph: Graph, skip: set[str], pass_name: str,
-                    source: frozenset[str] = frozenset()) -> str | None:
+                    source: frozenset[str] = frozenset(),
+                    cut: frozenset[str] = frozenset()) -> str | None:
     """A note on the `quant_skip` entries that name no node and no op type of `graph` (fusions
     rename the nodes they replace; `source`: the model's names before them), with the nearest
     names; None when all match."""
     known = {name for node in graph.all_nodes() for name in (node.name, *op_spellings(node))}
-    note = unmatched_note([(option("quant_skip"), skip, known)], source)
+    note = unmatched_note([(option("quant_skip"), skip, known)], source, cut)
     return f"{pass_name}: {note}" if note else None
 
 

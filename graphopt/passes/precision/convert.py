@@ -52,7 +52,8 @@ from graphopt.passes.unmatched import absorbed_ops, op_spellings, unmatched_note
 BFLOAT16_CASTS = 13
 
 
-def _unmatched_pins(graph, options, source: frozenset[str] = frozenset()) -> str | None:
+def _unmatched_pins(graph, options, source: frozenset[str] = frozenset(),
+                    cut: frozenset[str] = frozenset()) -> str | None:
     """The --keep-dtype names and --precision-allow/-deny op types that match nothing in
     `graph` (a typo, or a node a fusion renamed); None when all do. A denied op type that a
     fused node computes inside matches that node (see _denied)."""
@@ -66,7 +67,7 @@ def _unmatched_pins(graph, options, source: frozenset[str] = frozenset()) -> str
                             kept_types, "op types"),
                            (option("precision_allow"), options.precision_allow, ops, "op types"),
                            (option("precision_deny"), options.precision_deny, inside,
-                            "op types")], source)
+                            "op types")], source, cut)
 
 
 def _fused_deny_note(graph, options) -> str | None:
@@ -242,7 +243,7 @@ class ConvertPrecision(Pass):
         # the schema's type parameters are matched against dtypes, so they must be known.
         infer_shapes(model)
         support = Support(ctx.target, model.opset(""))
-        unmatched = _unmatched_pins(model.graph, options, ctx.source_names)
+        unmatched = _unmatched_pins(model.graph, options, ctx.source_names, ctx.cut_names)
         if unmatched:
             ctx.note(f"ConvertPrecision: {unmatched}")
         fused = _fused_deny_note(model.graph, options)

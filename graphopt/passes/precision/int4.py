@@ -176,7 +176,7 @@ class QuantizeInt4Weights(Pass):
         splits = split_activations(graph, model.opset("") or 0, convs=False)
         block, skip = options.int4_group_size, options.quant_skip
         level = options.int4_accuracy_level
-        missing = unmatched_skips(graph, skip, self.name, ctx.source_names)
+        missing = unmatched_skips(graph, skip, self.name, ctx.source_names, ctx.cut_names)
         if missing:
             ctx.note(missing)
         nested = nested_note(graph, self.name, lambda node: node.op_type in ("MatMul", "Gemm"))
