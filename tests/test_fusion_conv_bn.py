@@ -670,3 +670,37 @@ def test_a_float16_pair_left_unfolded_stays_so_in_the_oms_session(level, tmp_pat
     actual = OmSession(tmp_path / "m.om").run(x)["y"].astype(np.float32)
     assert np.isfinite(expected).all() and np.isfinite(actual).all()
     np.testing.assert_allclose(actual, expected, rtol=2e-3, atol=2e-3 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_a_batchnorm_declaring_its_training_outputs_is_not_folded(joined):
+    # An old train-mode PyTorch export: BatchNormalization-9 with all five outputs, which
+    # onnxruntime runs in training mode (the batch's own statistics) by their count. Folded
+    # with the running statistics, the compile had been 2.2 off at -O2.
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    convs = [helper.make_node("Conv", ["x", "w"], ["c"])]
+    if joined:
+        convs += [helper.make_node("Conv", ["x", "w2"], ["c2"]),
+                  helper.make_node("Concat", ["c", "c2"], ["j"], axis=1)]
+    width = 8 if joined else 4
+    nodes = convs + [
+        helper.make_node("BatchNormalization", ["j" if joined else "c", "g", "be", "m", "v"],
+                         ["bn", "rm", "rv", "sm", "sv"]),
+        helper.make_node("Relu", ["bn"], ["y"])]
+    weights = {"w": rng.standard_normal((4, 3, 1, 1)), "w2": rng.standard_normal((4, 3, 1, 1)),
+               "g": rng.standard_normal(width), "be": rng.standard_normal(width),
+               "m": rng.standard_normal(width), "v": np.abs(rng.standard_normal(width)) + 0.5}
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, width, 4, 4])],
+        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()
+         if joined or n != "w2"])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=4)
+    x = {"x": rng.standard_normal((2, 3, 4, 4)).astype(np.float32)}
+    expected = numerics.run(proto, x)["y"]
+    for level in (2, 3):
+        out = graphopt.optimize(proto, level=level).to_onnx()
+        assert "BatchNormalization" in [n.op_type for n in out.graph.node]
+        np.testing.assert_allclose(numerics.run(out, x)["y"], expected, rtol=RTOL, atol=ATOL)

@@ -88,6 +88,14 @@ def _unsafe_scaling(w, s: np.ndarray, t: np.ndarray, b=None, beta: float = 1.0) 
     return None
 
 
+def _training_outputs(bn) -> bool:
+    """Whether a BatchNormalization declares more outputs than Y: before opset 14 that puts it
+    in training mode (the batch's own statistics), and onnxruntime decides by the count, as the
+    spec of 7 and 9 does (old train-mode PyTorch exports declare all five; folded with the
+    running statistics, such a Conv + BN was 2.2 off). Left unfolded at any opset."""
+    return len([v for v in bn.outputs if v is not None and v.name]) > 1
+
+
 def _bn(op, producer):
     return op.BatchNormalization(producer, Var("scale"), Var("shift"), Var("mean"), Var("var"),
                                  epsilon=Attr("eps", 1e-5), training_mode=Attr("training", 0),
@@ -100,8 +108,11 @@ class _BatchNormAfter(Rule):
     def channels(self, node, x, w) -> int | str:
         return _conv_channels(node, w)
 
-    def check(self, node, x, w, scale, shift, mean, var, training, eps, b=None):
+    def check(self, node, x, w, scale, shift, mean, var, training, eps, b=None, bn=None):
         channels, reason = self.channels(node, x, w), _not_constant(weight=w, bias=b)
+        if bn is not None and _training_outputs(bn):
+            return "BatchNormalization declares its training outputs (running and saved " \
+                   "statistics): before opset 14 it then normalizes by the batch's statistics"
         if reason or isinstance(channels, str):
             return reason or channels
         reason = _not_constant(scale=scale, bias=shift, mean=mean, variance=var)
@@ -155,10 +166,11 @@ class ConcatBatchNorm(HandMatchedRule):
             return Miss(node, 1, "the Concat reads one Conv twice")
         bindings = {"joined": joined, "convs": convs, "scale": node.input(1),
                     "shift": node.input(2), "mean": node.input(3), "var": node.input(4),
-                    "eps": node.attr("epsilon", 1e-5), "training": node.attr("training_mode", 0)}
+                    "eps": node.attr("epsilon", 1e-5), "training": node.attr("training_mode", 0),
+                    "bn": node}
         return Match(node, bindings, [node, joined, *convs])
 
-    def check(self, joined, convs, scale, shift, mean, var, eps, training):
+    def check(self, joined, convs, scale, shift, mean, var, eps, training, bn=None):
         rank = len(joined.output.shape) if joined.output.shape is not None else None
         axis = joined.attr("axis")
         if axis != 1 and not (rank is not None and axis == 1 - rank):
@@ -166,7 +178,7 @@ class ConcatBatchNorm(HandMatchedRule):
         reason = _not_constant(scale=scale, bias=shift, mean=mean, variance=var)
         if reason:
             return f"BatchNormalization {reason}"
-        if training:
+        if training or (bn is not None and _training_outputs(bn)):
             return "BatchNormalization is in training mode (training_mode=1)"
         widths = []
         for conv in convs:
