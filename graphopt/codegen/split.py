@@ -84,6 +84,10 @@ def portable_partition(name: str, model: Model) -> OmPartition:
 # into an int8 kernel: a layer QuantizeInt8 left float (--quant-skip, quant_keep_ends' head)
 # would silently run in int8, less accurately than either.
 _REQUANTIZER = "WeightBiasQuantization"
+# It also quantizes a float bias beside a dequantized weight with a Round, which ONNX has from
+# opset 11 only: an opset-10 QDQ model's session then fails to load ("No Op registered for
+# Round with domain_version of 10"), the original's too at any level but "disable".
+_ROUND_OPSET = 11
 # onnxruntime's MatmulTransposeFusion ("extended" level) folds a Transpose of A into
 # FusedMatMul's transA, which then computes a wrong product against a 1-D B (1.32: off by 3.4
 # on a [4,3]ᵀ · [4]; correct with the Transpose kept, and with A 1-D or B of rank 2).
@@ -104,7 +108,8 @@ def disabled_optimizers(model: Model, level: str | None = None, *,
                         for_speed: bool = True) -> list[str] | None:
     """The onnxruntime optimizers that would change this partition's results or slow it, at
     its session `level` (None: onnxruntime's default, "all"): None, or WeightBiasQuantization
-    when a float Conv/ConvTranspose/Gemm reads dequantized data, MatmulTransposeFusion when a
+    when a float Conv/ConvTranspose/Gemm reads dequantized data or a model below opset 11 has a
+    DequantizeLinear (its Round would not load), MatmulTransposeFusion when a
     MatMul of a transposed A reads a 1-D B, the norm fusions where a Pow's exponent or an
     epsilon is one they would misread (_misfused_norm_part), QDQPropagationTransformer for an
     int8 activation at opset 21 or later (_signed_quantize_at_21), ConvBNFusion for a 16-bit
@@ -125,6 +130,10 @@ def disabled_optimizers(model: Model, level: str | None = None, *,
         found += [name for name in (*_NORM_FUSERS, _SKIP_FUSER) if name not in found]
     if _signed_quantize_at_21(model):
         found.append(_QDQ_PROPAGATOR)
+    if (model.opset("") or 1) < _ROUND_OPSET and any(
+            node.op_type == "DequantizeLinear" and node.is_onnx
+            for node in model.graph.all_nodes()):
+        found.append(_REQUANTIZER)
     for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
                 and len(node.inputs) > 1 and node.inputs[0] is not None:
