@@ -1349,3 +1349,17 @@ def test_a_model_given_in_bfloat16_compiles_for_an_npu_that_runs_it():
     for target in ("cpu", "ascend310"):  # no bfloat16 kernel there: refused, naming it
         with pytest.raises(InputError, match="no MatMul-13 kernel for these dtypes"):
             graphopt.optimize(bf16, target=target)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "mixed-fp16"])
+def test_a_model_below_opset_6_keeps_float32_with_a_note(precision):
+    # Cast-1 takes its type as a string: the Casts ConvertPrecision writes, numbered, made the
+    # compile fail as a graphopt bug.
+    proto = parse_model("""
+    agraph (float[1, 2, 4, 4] x) => (float[1, 2, 2, 2] y) {
+      y = MaxPool <kernel_shape = [2, 2], strides = [2, 2]> (x)
+    }""", header='<ir_version: 3, opset_import: ["" : 5]>\n')
+    result = graphopt.optimize(proto, precision=precision)
+    assert any(n.startswith(f"{precision}: kept float32: the model imports ONNX opset 5")
+               for n in result.notes), result.notes
+    assert not any(n.op_type == "Cast" for n in result.to_onnx().graph.node)

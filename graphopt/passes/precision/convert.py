@@ -50,6 +50,8 @@ from graphopt.passes.unmatched import absorbed_ops, op_spellings, unmatched_note
 
 # The first opset whose Cast takes bfloat16.
 BFLOAT16_CASTS = 13
+# The first opset whose Cast names its type by number (Cast-1 takes a string such as "FLOAT16").
+NUMBERED_CASTS = 6
 
 
 def _unmatched_pins(graph, options, source: frozenset[str] = frozenset(),
@@ -231,6 +233,13 @@ class ConvertPrecision(Pass):
             return result
         half = half_dtype(options.precision)
         opset = model.opset("")
+        if opset is not None and opset < NUMBERED_CASTS:
+            # The Casts at the conversion's boundaries would be Cast-1's, of a string type
+            # (written as numbers, the compile had been refused as a graphopt bug).
+            ctx.note(f"{options.precision}: kept float32: the model imports ONNX opset {opset}, "
+                     f"whose Cast graphopt does not write (from opset {NUMBERED_CASTS} on it "
+                     "does); ONNX's version converter can raise the model's opset first")
+            return result
         if half == DType.BFLOAT16 and opset is not None and opset < BFLOAT16_CASTS:
             # Every conversion needs Casts at its boundaries, and raising the opset would
             # change what ops redefined at 13 compute (see opset_raise).
