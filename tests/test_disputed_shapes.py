@@ -474,3 +474,27 @@ def test_range_lengths_follow_onnxruntime_and_inference_each():
     assert range_length(f32(0.1), f32(3.0), f32(0.1), narrow=f32) == 30
     assert range_length(f32(0.0), f32(3.0), f32(1.0)) == 3  # exact: no dispute
     assert range_length(f32(3.0), f32(0.0), f32(1.0)) == 0  # the wrong way: empty
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_an_output_after_a_disputed_size_keeps_its_rank(level):
+    # A Resize-11 with tf_crop_and_resize (disputed sizes) before a Conv: at -O0 the graph
+    # output was written without a shape, which onnx.checker's full check refuses.
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "roi", "s"], ["u"], mode="linear",
+                          coordinate_transformation_mode="tf_crop_and_resize",
+                          extrapolation_value=3.0),
+         helper.make_node("Conv", ["u", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [onnx.numpy_helper.from_array(np.array([0, 0, .1, .2, 1, 1, .9, 1.2], np.float32), "roi"),
+         onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s"),
+         onnx.numpy_helper.from_array(rng.standard_normal((4, 2, 3, 3)).astype(np.float32), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=6)
+    out = graphopt.optimize(proto, level=level).to_onnx()
+    onnx.checker.check_model(out, full_check=True)
+    assert len(out.graph.output[0].type.tensor_type.shape.dim) == 4
+    x = {"x": rng.standard_normal((1, 2, 6, 6)).astype(np.float32)}
+    np.testing.assert_allclose(numerics.run(out, x)["y"], numerics.run(proto, x)["y"],
+                               rtol=1e-4, atol=1e-5)

@@ -351,5 +351,8 @@ def _forget_downstream(values: list[Value]) -> None:
             if out is None or id(out) in seen:
                 continue
             seen.add(id(out))
-            out.shape = None
+            # A graph output keeps its rank, its dims unknown: written without a shape, its
+            # declaration failed onnx.checker's full check (-O0 runs no inference to refill it).
+            out.shape = tuple(None for _ in out.shape) \
+                if out.is_graph_output and out.shape is not None else None
             stack.extend(use.node for use in out.uses)
