@@ -1635,6 +1635,32 @@ def test_a_hardmax_in_an_if_branch_keeps_an_old_opset_from_conversion(axis, conv
         assert "it would change what a Hardmax computes" in note, note
 
 
+@pytest.mark.parametrize("op, opset", [("Upsample", 9), ("Resize", 10)])
+def test_an_old_linear_upsample_converts_to_an_asymmetric_resize(tmp_path, op, opset):
+    # Upsample-9 and Resize-10 sample at x / scale; ONNX's converter writes Resize-13 at its
+    # default half_pixel, 2.4 off on a bilinear x2, so the check refused the conversion and a
+    # YOLOv3-style model quantized nothing.
+    from graphopt.ir import load_onnx
+    from graphopt.passes import Options
+    from graphopt.quant.opset_upgrade import int8_ready
+
+    rng = np.random.default_rng(0)
+    proto = parse_model(f"""
+    agraph (float[1, 3, 6, 6] x) => (float[1, 4, 12, 12] y) {{
+      c = Conv <pads = [1, 1, 1, 1]> (x, w)
+      u = {op} <mode = "linear"> (c, s)
+      y = Conv <pads = [1, 1, 1, 1]> (u, w2)
+    }}""", header=f'<ir_version: 5, opset_import: ["" : {opset}]>\n',
+                        w=rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+                        w2=rng.standard_normal((4, 4, 3, 3)).astype(np.float32),
+                        s=np.array([1, 1, 2, 2], np.float32))
+    model, note = int8_ready(load_onnx(proto), Options(quantize="int8",
+                                                        input_shapes={"x": [1, 3, 6, 6]}))
+    assert model.opset("") == 13, note
+    (resize,) = [n for n in model.graph if n.op_type == "Resize"]
+    assert resize.attr("coordinate_transformation_mode") in ("asymmetric", b"asymmetric")
+
+
 def test_an_old_opset_with_open_dims_is_converted_checked_on_the_calibration_data(tmp_path):
     # The conversion was checked on seeded inputs with every open dim at 1: a [1, 3, 1, 1]
     # image, which PP-OCR's detector (opset 11) cannot take, so it stayed at 11 and quantized

@@ -10,6 +10,9 @@ from graphopt.passes.options import Options
 from graphopt.warning_scope import warnings_as
 
 INT8_OPSET = 13  # per-axis DequantizeLinear, Split's sizes as an input
+# Resize's coordinate_transformation_mode, from opset 11; before it, Upsample and Resize-10
+# sample at x / scale (asymmetric).
+RESIZE_COORDINATES = 11
 # The layers QuantizeInt8 quantizes (after fusion, the fused forms too).
 LAYER_OPS = frozenset({"Conv", "FusedConv", "Gemm", "MatMul", "Attention"})
 
@@ -39,6 +42,8 @@ def int8_ready(model: Model, options: Options) -> tuple[Model, str | None]:
         original = to_onnx(model)
         with warnings_as("ignore"):
             converted = onnx.version_converter.convert_version(original, INT8_OPSET)
+        if opset < RESIZE_COORDINATES:
+            _keep_asymmetric_resizes(converted)
         feeds, which = _check_feeds(model, original, options)
         try:
             expected = numerics.run(original, feeds)
@@ -115,3 +120,31 @@ def _check_feeds(model: Model, original, options: Options) -> tuple[dict, str]:
     shapes = options.input_shapes or None
     return numerics.random_feeds(original, seed=0, shapes=shapes), \
         "seeded inputs" + (" at the pinned shapes" if shapes else " with every open dim at 1")
+
+
+def _keep_asymmetric_resizes(converted) -> None:
+    """Upsample (7, 9) and Resize-10 sample linearly at x_out / scale (`asymmetric`); the
+    converter's Resize-13 leaves coordinate_transformation_mode at its default, half_pixel,
+    which moves every output of a linear resize (a bilinear Upsample by 2: 2.4 off on unit
+    inputs), so a model with one stayed in float. Spell the old mode out (below opset 11
+    every Resize of the converted model came from one of those)."""
+    import onnx
+
+    def graphs(graph):
+        yield graph
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(attr.g)
+                for g in attr.graphs:
+                    yield from graphs(g)
+
+    for graph in graphs(converted.graph):
+        for node in graph.node:
+            if node.op_type != "Resize" or node.domain not in ("", "ai.onnx"):
+                continue
+            names = {a.name for a in node.attribute}
+            mode = next((a.s for a in node.attribute if a.name == "mode"), b"nearest")
+            if mode == b"linear" and "coordinate_transformation_mode" not in names:
+                node.attribute.append(onnx.helper.make_attribute(
+                    "coordinate_transformation_mode", "asymmetric"))
