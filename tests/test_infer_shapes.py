@@ -881,3 +881,19 @@ def test_a_qgemm_without_an_output_zero_point_is_float():
     assert (y.dtype, y.shape) == (DType.FLOAT, (2, 3))
     assert numerics.run(proto, {"x": np.ones((2, 4), np.int8)})["z"].dtype == np.float32
     optimize(proto, verify=True)
+
+
+def test_an_image_scaler_is_typed_as_its_input():
+    # ImageScaler (opsets 1-9, experimental), which onnxruntime runs and ONNX's inference does
+    # not type: an opset-8 model's static tensors after it had been called dynamic.
+    graph = helper.make_graph(
+        [helper.make_node("ImageScaler", ["x"], ["s"], scale=0.5, bias=[1.0, 2.0, 3.0]),
+         helper.make_node("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=4)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    values = {v.name: v for v in model.graph.all_values()}
+    for name in ("s", "y"):
+        assert (values[name].dtype, values[name].shape) == (DType.FLOAT, (1, 3, 4, 4)), name

@@ -110,6 +110,11 @@ def infer_shapes(model: Model) -> int:
     return changed
 
 
+# Default-domain ops ONNX's inference leaves untyped whose output is their input's type and
+# shape: GroupNormalization (a function op), ImageScaler (an experimental op of opsets 1-9 that
+# onnxruntime still runs: an opset-8 model's static tensors after one had been called dynamic).
+_UNINFERRED_SAME_AS_INPUT = frozenset({"GroupNormalization", "ImageScaler"})
+
 # Skip(Simplified)LayerNormalization's fourth output, the sum of input, skip and bias, which a
 # residual path reads on: its first input's type and shape too.
 _SKIP_SUM_OUTPUT = 3
@@ -144,8 +149,8 @@ def _carry_through_contrib_ops(model: Model) -> int:
             if out is None or out.type_proto is not None:
                 continue
             dtype, shape = source.dtype, source.shape
-            if node.domain in ("", "ai.onnx") and node.op_type == "GroupNormalization":
-                pass  # onnx 1.23 has no inference for this function op: Y is X's type and shape
+            if node.domain in ("", "ai.onnx") and node.op_type in _UNINFERRED_SAME_AS_INPUT:
+                pass  # onnx 1.23 infers nothing for these: Y is X's type and shape
             elif node.domain in ("", "ai.onnx"):
                 # onnxruntime's own RMSNorm in the default domain (its optimizer's and
                 # FuseLayerNorm's below opset 23): Y has X's shape and the scale's dtype.
