@@ -518,8 +518,19 @@ def test_pad_folds_into_average_pool_counting_pads():
     assert model.graph.nodes()[0].attr("pads") == [1, 1, 2, 1]
 
 
-def test_pad_not_folded_into_average_pool_excluding_pads():
-    _refuses(_pad_into(AVG.format(cip=0), cout=3), "PadAveragePool", "count_include_pad=1")
+def test_pad_not_folded_into_average_pool_excluding_its_own_pads():
+    _refuses(_pad_into(AVG.format(cip=0), cout=3), "PadAveragePool",
+             "without counting those pads (count_include_pad=0)")
+
+
+def test_pad_folds_into_an_unpadded_average_pool_which_then_counts_pads():
+    # Old exports pad explicitly before a count_include_pad=0 pool with no pads of its own:
+    # the Pad's zeros count, and so do the pool's pads once it takes them.
+    unpadded = "AveragePool(p) <kernel_shape = [3, 3], count_include_pad = 0>"
+    model = _fires(_pad_into(unpadded, pads=(0, 0, 1, 0, 0, 0, 1, 1), cout=3),
+                   "PadAveragePool", ["AveragePool"])
+    pool = model.graph.nodes()[0]
+    assert pool.attr("pads") == [1, 0, 1, 1] and pool.attr("count_include_pad") == 1
 
 
 def test_pad_not_folded_into_average_pool_when_pads_would_reach_the_kernel():

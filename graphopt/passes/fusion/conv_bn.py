@@ -16,8 +16,8 @@ A BatchNormalization after a Concat along the channels of Convs that only the Co
 splits by channel range: each Conv takes its share of s and t. One after an N-D MatMul whose
 tokens a Flatten or a Reshape to [·, C] merges into rows folds into the MatMul's columns.
 
-    x ─ Pad(constant 0, spatial axes) ─ Conv / AveragePool(count_include_pad=1)  →  pads += Pad's
-    (never into MaxPool: it pads with −∞, not 0)
+    x ─ Pad(constant 0, spatial axes) ─ Conv / AveragePool  →  pads += Pad's (counted by the pool)
+    x ─ Pad(constant −∞) ─ MaxPool  →  pads += Pad's (no window takes a −∞ cell)
 """
 
 from __future__ import annotations
@@ -405,18 +405,26 @@ class PadConv(Rule):
 
     def rewrite(self, op, node, pad, x, pads=None, value=None, axes=None):
         merged = self.merged(node, pad, x, pads, value, axes)
-        return getattr(op, node.op_type)(x, *node.inputs[1:], **{**node.attrs, "pads": merged})
+        attrs = {**node.attrs, "pads": merged}
+        if node.op_type == "AveragePool":  # the Pad's zeros were counted: so are the pads
+            attrs["count_include_pad"] = 1
+        return getattr(op, node.op_type)(x, *node.inputs[1:], **attrs)
 
 
 class PadAveragePool(PadConv):
-    """Pad → AveragePool(count_include_pad=1, ceil_mode=0): into the pool's pads."""
+    """Pad → AveragePool(ceil_mode=0): into the pool's pads, counted (count_include_pad=1), as
+    the Pad's zeros are. A pool that does not count its own pads takes the Pad only when it has
+    none (old exports pad explicitly before a count_include_pad=0 pool)."""
 
     def pattern(self, op):
         return op.AveragePool(_padded(op), _name="node")
 
     def merged(self, node, pad, x, pads=None, value=None, axes=None):
-        if node.attr("count_include_pad", 0) != 1 or node.attr("ceil_mode", 0):
-            return "AveragePool needs count_include_pad=1 (padded zeros count) and ceil_mode=0"
+        if node.attr("ceil_mode", 0):
+            return "AveragePool has ceil_mode"
+        if node.attr("count_include_pad", 0) != 1 and any(node.attr("pads") or []):
+            return "AveragePool pads itself without counting those pads (count_include_pad=0), " \
+                   "where the Pad's zeros count"
         merged, kernel = super().merged(node, pad, x, pads, value, axes), node.attr("kernel_shape")
         if not isinstance(merged, str) and any(p >= k for p, k in zip(merged, list(kernel) * 2)):
             return f"pads {merged} would reach the kernel {kernel} (onnxruntime needs pad < kernel)"
