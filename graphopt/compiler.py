@@ -396,7 +396,8 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
     sha256 = None if is_path else memory_model_sha256(model)
     from graphopt.partition.precision_fit import npu_runs_bfloat16
 
-    ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
+    ir_model, inlined = _inlined(load_onnx(model, user_model=True), options)
+    ir_model, upgraded = int8_ready(ir_model, options)
     pinned_first = False
     bfloat16_device = npu_runs_bfloat16(target)
     try:
@@ -406,12 +407,12 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
             raise
         # A model whose dynamic form shape inference refuses (a Resize `sizes` of unknown
         # length) may be valid once pinned: the pins come first then.
-        ir_model, upgraded = int8_ready(load_onnx(model, user_model=True), options)
+        ir_model, _ = _inlined(load_onnx(model, user_model=True), options)
+        ir_model, upgraded = int8_ready(ir_model, options)
         pin_input_shapes(ir_model, options.input_shapes)
         notes = check_input(ir_model, label, options.allow_custom_ops, bfloat16_device)
         pinned_first = True
-    if upgraded:
-        notes.append(upgraded)
+    notes += [note for note in (inlined, upgraded) if note]
     # The source's own counts: an --out-nodes cut or inserted preprocessing is part of what
     # the compile did to it ("nodes 0 -> 0" for a cut at the input, 44 before for 23 nodes).
     ops_before = op_counts(ir_model.graph.all_nodes())
@@ -443,6 +444,16 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
         check_pinned_shapes(ir_model, label, options.input_shapes)
     return _Source(ir_model, label, is_path, sha256, identity, notes, reference, ops_before,
                    given, loaded_unpinned, frozenset(ir_model.opset_imports))
+
+
+def _inlined(model: Model, options: Options) -> tuple[Model, str | None]:
+    """`model` with its own local functions inlined (inline_functions), but at -O0, which
+    compiles the model as it is."""
+    if options.level < 1:
+        return model, None
+    from graphopt.inline_functions import inline_user_functions
+
+    return inline_user_functions(model)
 
 
 def _calibration_data(options: Options, model: Model, shared_stats, aipp):

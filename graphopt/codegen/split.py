@@ -378,6 +378,23 @@ def _layout_left_to_onnxruntime(nodes: list) -> bool:
                for n in convs)
 
 
+def _convs_in_called_functions(model: Model, nodes: list) -> bool:
+    """Whether a node calls a model-local function whose body (or a function it calls) holds a
+    Conv: passes leave function bodies as they are, so onnxruntime's layout level must block it."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+    seen, todo = set(), [(n.domain, n.op_type) for n in nodes]
+    while todo:
+        key = todo.pop()
+        if key in seen or key not in functions:
+            continue
+        seen.add(key)
+        for inner in functions[key].node:
+            if inner.op_type in ("Conv", "QLinearConv") and inner.domain in ("", "ai.onnx"):
+                return True
+            todo.append((inner.domain, inner.op_type))
+    return False
+
+
 def _session_level(model: Model, fused_level: str | None) -> str | None:
     """`fused_level`, unless convs were left for onnxruntime's layout level ("all") to block
     (`_layout_left_to_onnxruntime`), such as one whose filters it folds first. An int8 Conv
@@ -394,6 +411,8 @@ def _session_level(model: Model, fused_level: str | None) -> str | None:
     nodes = list(model.graph)
     if fused_level is not None and _layout_left_to_onnxruntime(nodes):
         return "all"
+    if fused_level is not None and _convs_in_called_functions(model, nodes):
+        return "all"  # convs inside model-local functions: graphopt did not block them
     if any(map(_half_int8_nbits, nodes)):
         return "all"
     if fused_level == "extended" and _nothing_left_for(model, nodes):

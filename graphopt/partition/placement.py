@@ -85,6 +85,8 @@ def _fit_function(node: Node, function, device: Device,
     rank = max((len(v.shape) for v in _tensors(node) if v.shape is not None), default=None)
     engine = None
     for inner in function.node:
+        if inner.op_type == "Constant" and inner.domain in ("", "ai.onnx"):
+            continue  # a constant of the body: data, not a kernel
         op = inner.op_type if not inner.domain else f"{inner.domain}::{inner.op_type}"
         where = f"(inside {node.qualified_op})"
         data = inner.input[_data_index(inner.op_type)] if inner.input else None
@@ -101,7 +103,7 @@ def _fit_function(node: Node, function, device: Device,
                 and inner_rank > support.max_rank:
             return None, (f"rank {inner_rank} above {support.op}'s limit {support.max_rank} "
                           f"{where}")
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in inner.attribute}
+        attrs = _body_attrs(inner, node, function)
         problem = attribute_problem(attrs.get, support, inner.op_type, inner.domain,
                                     ranks.get(data, rank), opsets.get(inner.domain))
         if problem:
@@ -109,6 +111,22 @@ def _fit_function(node: Node, function, device: Device,
         engine = engine or support.engine
     reason = _shape_problem(node, device)
     return (None, reason) if reason else (engine, None)
+
+
+def _body_attrs(inner, node: Node, function) -> dict:
+    """`inner`'s attributes, a reference (ref_attr_name) read from the call, else the
+    function's default for it; one neither gives is left out (its op default applies)."""
+    defaults = {a.name: a for a in function.attribute_proto}
+    attrs = {}
+    for a in inner.attribute:
+        if a.ref_attr_name:
+            if a.ref_attr_name in node.attrs:
+                attrs[a.name] = node.attr(a.ref_attr_name)
+            elif a.ref_attr_name in defaults:
+                attrs[a.name] = onnx.helper.get_attribute_value(defaults[a.ref_attr_name])
+            continue
+        attrs[a.name] = onnx.helper.get_attribute_value(a)
+    return attrs
 
 
 def _data_rank(node: Node) -> int | None:
