@@ -20,11 +20,41 @@ _GROUP_NORM_OPSETS = range(18, 21)
 
 
 def replace_deprecated_ops(model: Model, label: str = "model") -> list[str]:
-    """Rewrite the deprecated ops onnxruntime runs (GroupNormalization-18) into the same
-    computation in ops of the model's opset, and raise the opset of a model that uses
+    """Rewrite the deprecated ops onnxruntime runs (GroupNormalization-18, ImageScaler) into the
+    same computation in ops of the model's opset, and raise the opset of a model that uses
     LayerNormalization before ONNX defined it; returns a note per kind of rewrite."""
     _inert_saturate(model)
-    return _early_layer_norm(model, label) + _group_norms(model)
+    return _early_layer_norm(model, label) + _group_norms(model) + _image_scalers(model)
+
+
+def _image_scalers(model: Model) -> list[str]:
+    """ImageScaler (an experimental op of opsets 1-9, at the head of old converted models such
+    as the model zoo's Tiny YOLOv2) as the Mul and Add it is, y = scale · x + bias[c]: ops every
+    device has, which FoldInputAffine then takes into the Conv after it (an NPU had sent it to
+    the host). From opset 7 on, where Mul and Add broadcast."""
+    if (model.opset("") or 1) < 7:
+        return []
+    scalers = [node for node in model.graph.all_nodes()
+               if node.op_type == "ImageScaler" and node.domain in ("", "ai.onnx")
+               and len(node.inputs) == 1 and node.inputs[0] is not None
+               and node.inputs[0].dtype is not None and node.inputs[0].dtype.is_float
+               and (node.inputs[0].shape is None or len(node.inputs[0].shape) == 4)]
+    for node in scalers:
+        graph, x = node.graph, node.inputs[0]
+        numpy_type = x.dtype.numpy
+        bias = np.asarray(node.attr("bias") or [0.0], np.float64).astype(numpy_type)
+        scale = np.array(node.attr("scale", 1.0), np.float64).astype(numpy_type)
+        name = node.name or graph.fresh_node_name("ImageScaler")
+        scaled = graph.make_node("Mul", [x, graph.make_initializer(f"{name}_scale", scale)],
+                                 name=graph.fresh_node_name(f"{name}_Mul"), before=node,
+                                 dtype=x.dtype, shape=x.shape)
+        node.op_type, node.attrs = "Add", {}
+        node.set_inputs([scaled.output,
+                         graph.make_initializer(f"{name}_bias", bias.reshape(-1, 1, 1))])
+    if not scalers:
+        return []
+    return [f"{len(scalers)} ImageScaler node(s) (an experimental op of opsets 1-9) rewritten "
+            "as the Mul and Add they compute"]
 
 
 # The types a Cast's `saturate` applies to (opset 19's float8s, opset 23's float4 and e8m0).

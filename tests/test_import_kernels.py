@@ -394,3 +394,29 @@ def test_a_casts_inert_saturate_is_dropped_so_the_cast_can_leave_a_loop_body():
         assert not any(a.name == "saturate" for n in out.graph.node for a in n.attribute)
         np.testing.assert_array_equal(numerics.run(out, x)["scanned"],
                                       numerics.run(proto, x)["scanned"])
+
+
+def test_an_image_scaler_becomes_the_mul_and_add_the_conv_after_it_takes_in():
+    # ImageScaler (opsets 1-9) heads old converted models such as the model zoo's Tiny
+    # YOLOv2: written as Mul and Add, it runs on an NPU, which had sent it to the host, and
+    # folds into the Conv after it.
+    rng = np.random.default_rng(0)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("ImageScaler", ["x"], ["s"], scale=0.0039, bias=[0.1, -0.2, 0.3]),
+         onnx.helper.make_node("Conv", ["s", "w"], ["c"], pads=[1, 1, 1, 1]),
+         onnx.helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.1)], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])],
+        [onnx.numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 8)],
+                                   ir_version=4)
+    x = {"x": rng.uniform(0, 255, (1, 3, 8, 8)).astype(np.float32)}
+    for target in (None, "ascend310"):
+        result = graphopt.optimize(proto, target=target)
+        assert "1 ImageScaler node(s) (an experimental op of opsets 1-9) rewritten as the Mul " \
+               "and Add they compute" in result.notes
+        assert "ImageScaler" not in [n.op_type for n in result.model.graph]
+        np.testing.assert_allclose(numerics.run(result.to_onnx(), x)["y"],
+                                   numerics.run(proto, x)["y"], rtol=1e-4, atol=1e-4)
+    placed = graphopt.optimize(proto, target="ascend310").partitioning.partitions
+    assert [p.device for p in placed] == ["npu"]
