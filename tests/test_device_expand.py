@@ -303,3 +303,24 @@ def test_a_row_an_onnx_attention_mask_masks_whole_gives_zeros(masked):
     got = numerics.run(result.to_onnx(), feeds)["y"]
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, numerics.run(proto, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["query", "mask nan", "mask inf"])
+def test_a_nan_the_data_brings_through_an_onnx_attention_stays_nan(where):
+    # The expansion's guard for rows masked whole made every NaN of the probabilities 0: a NaN
+    # query element, or a NaN or +inf mask entry, came out as 0 where the kernel gives NaN.
+    proto = _onnx_attention("float")
+    feeds = numerics.random_feeds(proto, seed=3)
+    mask = np.zeros((1, 1, 5, 5), np.float32)
+    mask[..., 3] = -np.inf
+    if where == "query":
+        feeds["q"][0, 1, 2, 0] = np.nan
+    else:
+        mask[0, 0, 1, 2] = np.nan if where == "mask nan" else np.inf
+    feeds["m"] = mask
+    result = graphopt.optimize(proto, target="ascend310")
+    got, expected = numerics.run(result.to_onnx(), feeds)["y"], numerics.run(proto, feeds)["y"]
+    assert np.isnan(expected).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5, atol=1e-5)

@@ -8,7 +8,9 @@ and with no mask, an additive float mask, or `is_causal` or opset 25's sliding w
 (`left_window_size`, `right_window_size`) over as many keys as queries (a constant -inf above
 the diagonal, or outside the band, as the spec's upper-left alignment gives). A row a mask
 masks whole gives 0, as onnxruntime's kernel gives it, where Softmax gives NaN (a mask value
-of float32's lowest counts as -inf there, as in the kernel). A boolean mask
+of float32's lowest counts as -inf there, as in the kernel); such a row is told from the mask
+and the bands, so a NaN the data brings (a NaN query, a NaN or +inf mask entry) stays NaN, as
+in the kernel (the expansion had made every NaN 0). A boolean mask
 stays: a row it masks whole comes out as onnxruntime's kernel decides. A diffusers VAE
 decoder exported at opset 23 kept its attention block and 33 of its 124 nodes on the host.
 """
@@ -22,7 +24,7 @@ from graphopt.ir.pattern import Optional, Var
 from graphopt.passes.fusion.device_kernels import npu_lacks
 from graphopt.passes.rules import Rule
 
-_BODY = ("MatMul", "Transpose", "Mul", "Add", "Softmax", "IsNaN", "Where", "Equal")
+_BODY = ("MatMul", "Transpose", "Mul", "Add", "Softmax", "IsNaN", "Where", "Equal", "ReduceMax")
 
 
 class OnnxAttentionAsMatMuls(Rule):
@@ -88,7 +90,16 @@ class OnnxAttentionAsMatMuls(Rule):
             scores = op.Add(scores, op.const(_outside_window(attention, q.shape[2])))
         probs = op.Softmax(scores, axis=-1)
         if mask is not None:  # a row masked whole: onnxruntime's kernel gives 0, Softmax NaN
-            probs = op.Where(op.IsNaN(probs), op.const(np.array(0.0, dtype)), probs)
+            # Decided from the mask (with the causal and window bands), not from the NaN
+            # itself: a NaN the data brings (a NaN query, a NaN or +inf mask entry) stays NaN.
+            bias = mask
+            if int(attention.attr("is_causal", 0)):
+                bias = op.Add(bias, op.const(above))
+            if _windowed(attention):
+                bias = op.Add(bias, op.const(_outside_window(attention, q.shape[2])))
+            whole = op.Equal(op.ReduceMax(bias, op.const(np.array([-1], np.int64)), keepdims=1),
+                             op.const(np.array(-np.inf, dtype)))
+            probs = op.Where(whole, op.const(np.array(0.0, dtype)), probs)
         return op.MatMul(probs, v)
 
 
