@@ -198,6 +198,18 @@ REFUSALS = {  # body, opset, extra outputs, the refusal reason traced
 }
 
 
+def test_a_layernorm_over_a_zero_width_axis_is_not_fused():
+    # onnxruntime's LayerNormalization refuses to normalize nothing ("Size of X.shape[axis:]
+    # must be at least 1"), where the decomposed ops return an empty tensor: a model pinned
+    # to a width of 0 compiled into an .om that did not run.
+    proto = _model(NORM + "    y = Div(d, std)\n", 17, inputs="float[2,5,0] x",
+                   outputs="float[2,5,0] y")
+    before = [n.op_type for n in proto.graph.node]
+    model, stats, report = _fuse(proto, trace="LayerNormNoAffine")
+    assert stats == {} and _ops(model) == before
+    assert any("the last dim of %x is 0" in line for line in report), report
+
+
 @pytest.mark.parametrize("case", REFUSALS)
 def test_layernorm_refusals_leave_the_graph(case):
     body, opset, extra_out, reason = REFUSALS[case]

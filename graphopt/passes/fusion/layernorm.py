@@ -67,6 +67,8 @@ def _problem(x: Value, b: dict) -> str | None:
     """Why the normalization matched on `x` is not one op over x's last axis (None: it is)."""
     if x.dtype is None or not x.shape or not isinstance(x.shape[-1], int):
         return f"the type or last dim of %{x.name} is unknown (run InferShapes)"
+    if x.shape[-1] == 0:  # onnxruntime's kernel refuses to normalize nothing at load
+        return f"the last dim of %{x.name} is 0"
     rank, c = len(x.shape), x.shape[-1]
     for key in [k for k in ("mean", "var") if f"{k}_keep" in b]:
         axes = b.get(f"{key}_axes_in", b.get(f"{key}_axes"))
@@ -187,6 +189,8 @@ def _channel_problem(x: Value, b: dict) -> str | None:
     if x.dtype is None or x.shape is None or len(x.shape) < 3 \
             or not isinstance(x.shape[1], int):
         return f"%{x.name} is not of a known rank ≥ 3 with a static channel dim"
+    if x.shape[1] == 0:
+        return f"the channel dim of %{x.name} is 0"
     rank, c = len(x.shape), x.shape[1]
     for key in ("mean", "var"):
         axes = b.get(f"{key}_axes_in", b.get(f"{key}_axes"))
