@@ -1557,3 +1557,18 @@ def test_a_batch_first_cross_attention_fuses_with_no_transpose_left():
     assert "Transpose" not in ops(result.model), ops(result.model)
     feeds = numerics.random_feeds(proto, seed=2)
     assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-4, 1e-5)
+
+
+def test_attention_over_a_sequence_of_0_is_left_unfused(tmp_path):
+    # Pinned to 0 tokens, the fused op's mask lost its Expand to onnxruntime's optimizer and
+    # its Attention refused the [B, 1, 1, 0] bias: the .om did not run.
+    proto = graphopt.zoo.build("bert_base", layers=1, hidden=64, heads=2, intermediate=128,
+                               vocab=100, max_positions=32)
+    path = tmp_path / "b0.om"
+    empty = graphopt.optimize(proto, input_shapes={"input_ids": [2, 0],
+                                                   "attention_mask": [2, 0]})
+    assert not {"Attention", "MultiHeadAttention"} & {n.op_type for n in empty.model.graph}
+    graphopt.save(empty, path)
+    feeds = {"input_ids": np.zeros((2, 0), np.int64), "attention_mask": np.zeros((2, 0), np.int64)}
+    with graphopt.load(path) as session:
+        assert session.run(feeds)["last_hidden_state"].shape == (2, 0, 64)

@@ -476,6 +476,11 @@ class ScaledDotProductAttention(Rule):
         if isinstance(found, str):
             return found
         dims, equal = found
+        if 0 in (equal.number(dims[0][2]), equal.number(dims[2][2])):
+            # onnxruntime's optimizer drops the Expand that shapes the fused op's mask to
+            # [B, 1, 0, 0], which its Attention then refuses: a BERT pinned to a sequence of 0
+            # had compiled into an .om that did not run.
+            return "a sequence of 0 queries or keys"
         if axis is None and (model.opset("") or 1) < 13:
             return "Softmax has no axis: before opset 13 that means axis 1"
         if axis not in (None, -1, 3):
