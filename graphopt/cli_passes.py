@@ -22,6 +22,9 @@ def _cmd_passes(args) -> int:
     for name, cls in sorted(PASSES.items()):
         for rule in getattr(cls, "rules", ()):
             rule_rows.append([rule.name, name, first_sentence(rule.__doc__ or "", 160)])
+        # A plain pass's rewrites with names of their own switch off by name alike.
+        for rewrite, matches in sorted(getattr(cls, "named_rewrites", {}).items()):
+            rule_rows.append([rewrite, name, matches])
     if rule_rows:
         print(format_table(["rule", "pass", "matches"], rule_rows))
     print()

@@ -12,6 +12,7 @@ from onnx import numpy_helper
 
 import graphopt
 from graphopt import numerics
+from graphopt.cli import main
 from graphopt.ir import format_model, load_onnx, to_onnx, verify
 from graphopt.passes import PASSES, Options, PassContext
 from graphopt.passes.infer_shapes import infer_shapes
@@ -795,3 +796,29 @@ def test_a_reduction_over_dims_of_size_one_is_its_input_or_a_squeeze():
     model, stats = run_passes(before_13, "EliminateNoOps")
     assert stats.get("ReduceOverOnes") == 1 and ops(model) == ["Squeeze"]
     assert list(next(iter(model.graph)).attr("axes")) == [1]
+
+
+def test_the_named_rewrites_switch_off_by_name(tmp_path):
+    # graphopt bisect names them as culprits (ArgOfSoftmax…), and `--disable-pass NAME` had
+    # refused them as unknown: only the whole EliminateNoOps could go.
+    proto = onnx.parser.parse_model(HEADER + """
+    g (float[2, 5] x, bool[2, 5] m) => (int64[2, 1] y, float[2, 5] z) {
+        s = Softmax <axis = 1> (x)
+        y = ArgMax <axis = 1> (s)
+        n = Not(m)
+        z = Where(n, x, s)
+    }""")
+    kept = graphopt.optimize(proto, disable_passes=["ArgOfSoftmax"])
+    ops = [n.op_type for n in kept.model.graph]
+    assert "Softmax" in ops and "Not" not in ops  # ArgOfSoftmax off, WhereOfNot on
+    rc = main(["optimize", str(_saved(tmp_path, proto)), "-o", str(tmp_path / "o.onnx"),
+               "--disable-pass", "WhereOfNot"])
+    assert rc == 0
+    with pytest.raises(Exception, match="unknown pass or rule ArgOfSoftmaxx"):
+        graphopt.optimize(proto, disable_passes=["ArgOfSoftmaxx"])
+
+
+def _saved(tmp_path, proto):
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    return path

@@ -170,7 +170,8 @@ def test_passes_lists_every_pass_and_level(capsys):
     assert "repeat until no change" in out
     # Each rule says what it matches in a whole sentence, cut at a word when long.
     rules = out.split("\nrule ")[1].split("\n\n")[0].splitlines()[2:]
-    assert len(rules) == sum(len(getattr(cls, "rules", ())) for cls in PASSES.values())
+    assert len(rules) == sum(len(getattr(cls, "rules", ()))
+                             + len(getattr(cls, "named_rewrites", ())) for cls in PASSES.values())
     for row in rules:
         matches = row.split(None, 2)[2]
         assert matches.endswith((".", " …", "½", ")", "γ")), row

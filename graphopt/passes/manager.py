@@ -57,11 +57,12 @@ class PassLog:
 
 def check_pass_names(names, what: str) -> None:
     """Passes and rules can both be switched off by name."""
-    from graphopt.passes.rules import RULES
+    from graphopt.passes.rules import RULES, rule_passes
 
-    unknown = sorted(set(names) - set(PASSES) - set(RULES))
+    rules = set(RULES) | set(rule_passes())
+    unknown = sorted(set(names) - set(PASSES) - rules)
     if unknown:
-        hint = did_you_mean(unknown, (*PASSES, *RULES))
+        hint = did_you_mean(unknown, (*PASSES, *sorted(rules)))
         raise UsageError(f"{what}: unknown pass or rule {', '.join(unknown)} ({hint}passes: "
                           f"{', '.join(sorted(PASSES))}; `graphopt passes` lists the rules)")
 

@@ -378,38 +378,67 @@ def _argmax_of_softmax(node: Node, opset: int, ctx: PassContext) -> bool:
     return True
 
 
+# The rewrites of this pass that have names of their own (the others count by op type): each
+# can be switched off by name, as a rule of a rule pass can (graphopt bisect names them).
+NAMED_REWRITES = {
+    "ReshapeOfReshape": "Reshape(Reshape(x, a), b) → Reshape(x, b) where b needs no dim of the "
+                        "middle.",
+    "ReshapeOfReduce": "Reshape(Reduce(x, keepdims=0)) to the kept-dims shape → the reduction "
+                       "with keepdims=1.",
+    "UnsqueezeOfReduce": "Unsqueeze of the axes a keepdims=0 reduction removed → the reduction "
+                         "with keepdims=1.",
+    "MeanOfSum": "Div(ReduceSum(x), count of the elements summed) → ReduceMean(x).",
+    "WhereOfNot": "Where(Not(c), a, b) → Where(c, b, a).",
+    "ArgOfSoftmax": "ArgMax(Softmax(x)) over the normalized axis → ArgMax(x).",
+    "ReduceOverOnes": "a Max/Min/Prod (or integer Sum/Mean) reduction over dims of size 1 "
+                      "dropping them → Squeeze.",
+}
+
+
+class _Switched:
+    """A PassContext's rewrite gate with the named rewrites the options switch off closed."""
+
+    def __init__(self, ctx: PassContext):
+        self._ctx, self._off = ctx, set(NAMED_REWRITES) & set(ctx.options.disabled_passes)
+
+    def allows(self, rule: str, anchor: Node) -> bool:
+        return rule not in self._off and self._ctx.allows(rule, anchor)
+
+
 @register
 class EliminateNoOps(Pass):
     name = "EliminateNoOps"
+    named_rewrites = NAMED_REWRITES
     description = ("remove no-op casts, reshapes, transposes, x+0, x*1, one-input concats, the "
                    "Softmax an ArgMax reads, Relu(Relu(x)), Neg(Neg(x)), Cast round trips, …")
 
     def run(self, model: Model, ctx: PassContext) -> PassResult:
         result = PassResult()
         opset = model.opset() or 1
+        gate = _Switched(ctx)
         for node in list(model.graph.all_nodes()):
             if node.graph is None or not node.is_onnx or not node.inputs:
                 continue
             if node.inputs[0] is None or node.outputs[0] is None:
                 continue
-            if node.op_type == "Reshape" and _collapse_reshape(node, ctx):
+            if node.op_type == "Reshape" and _collapse_reshape(node, gate):
                 result.count("ReshapeOfReshape")
-            if node.op_type == "Reshape" and _reshape_of_reduce(node, ctx):
+            if node.op_type == "Reshape" and _reshape_of_reduce(node, gate):
                 result.count("ReshapeOfReduce")
                 continue
-            if node.op_type == "Unsqueeze" and _unsqueeze_of_reduce(node, ctx):
+            if node.op_type == "Unsqueeze" and _unsqueeze_of_reduce(node, gate):
                 result.count("UnsqueezeOfReduce")
                 continue
-            if node.op_type == "Div" and _mean_of_sum(node, opset, ctx):
+            if node.op_type == "Div" and _mean_of_sum(node, opset, gate):
                 result.count("MeanOfSum")
                 continue
-            if node.op_type == "Where" and _where_of_not(node, ctx):
+            if node.op_type == "Where" and _where_of_not(node, gate):
                 result.count("WhereOfNot")
                 continue
-            if node.op_type == "ArgMax" and _argmax_of_softmax(node, opset, ctx):
+            if node.op_type == "ArgMax" and _argmax_of_softmax(node, opset, gate):
                 result.count("ArgOfSoftmax")
                 continue
-            if node.op_type.startswith("Reduce") and _reduce_dropped(node, opset, ctx):
+            if node.op_type.startswith("Reduce") and _reduce_dropped(node, opset, gate):
                 result.count("ReduceOverOnes")
                 continue
             rule = RULES.get(node.op_type)

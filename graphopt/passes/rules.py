@@ -487,11 +487,15 @@ class RulePass(Pass):
 
 
 def rule_passes() -> dict[str, str]:
-    """rule name -> the name of the pass that applies it."""
+    """rule name -> the name of the pass that applies it: a rule pass's rules, and the named
+    rewrites of a pass that has some (EliminateNoOps' ArgOfSoftmax…), which switch off alike."""
     from graphopt.passes.base import PASSES
 
-    return {rule.name: name for name, cls in PASSES.items()
-            for rule in getattr(cls, "rules", ())}
+    owners = {rule.name: name for name, cls in PASSES.items()
+              for rule in getattr(cls, "rules", ())}
+    owners.update({rewrite: name for name, cls in PASSES.items()
+                   for rewrite in getattr(cls, "named_rewrites", ())})
+    return owners
 
 
 def quiet_rule_reasons(rules: set[str], ran: list[str], disabled: set[str],
