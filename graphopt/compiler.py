@@ -396,7 +396,8 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
     sha256 = None if is_path else memory_model_sha256(model)
     from graphopt.partition.precision_fit import npu_runs_bfloat16
 
-    ir_model, inlined = _inlined(load_onnx(model, user_model=True), options)
+    loaded = load_onnx(model, user_model=True)
+    ir_model, inlined = _inlined(loaded, options)
     ir_model, upgraded = int8_ready(ir_model, options)
     pinned_first = False
     bfloat16_device = npu_runs_bfloat16(target)
@@ -419,9 +420,16 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
     notes += apply_source_edits(ir_model, edits.out_nodes, edits.aipp, label,
                                 edits.insert_op_conf, options.input_shapes, edits.fp16_inputs,
                                 edits.output_types)
-    # The reference for verification (ended at out_nodes), before any pin or pass; exported
-    # only when needed since it copies every weight.
-    reference = to_onnx(ir_model) if verify else None
+    # The reference for verification (ended at out_nodes), before any pin or pass, and before
+    # the inlining of the model's functions, which it then checks too; exported only when
+    # needed since it copies every weight.
+    reference = None
+    if verify and inlined and loaded is not ir_model:
+        apply_source_edits(loaded, edits.out_nodes, edits.aipp, label, edits.insert_op_conf,
+                           options.input_shapes, edits.fp16_inputs, edits.output_types)
+        reference = to_onnx(loaded)
+    elif verify:
+        reference = to_onnx(ir_model)
     notes += overridable_note(ir_model)
     # The model as given, weightless, for onnxruntime to judge: before any pin, a model it
     # loads must load pinned (check_compiled_loads); unpinned, only when its compile does not

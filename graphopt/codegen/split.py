@@ -108,8 +108,8 @@ def disabled_optimizers(model: Model, level: str | None = None, *,
                         for_speed: bool = True) -> list[str] | None:
     """The onnxruntime optimizers that would change this partition's results or slow it, at
     its session `level` (None: onnxruntime's default, "all"): None, or WeightBiasQuantization
-    when a float Conv/ConvTranspose/Gemm reads dequantized data or a model below opset 11 has a
-    DequantizeLinear (its Round would not load), MatmulTransposeFusion when a
+    when a float Conv/ConvTranspose/Gemm reads dequantized data or, below opset 11, a float
+    bias beside dequantized data (its Round would not load), MatmulTransposeFusion when a
     MatMul of a transposed A reads a 1-D B, the norm fusions where a Pow's exponent or an
     epsilon is one they would misread (_misfused_norm_part), QDQPropagationTransformer for an
     int8 activation at opset 21 or later (_signed_quantize_at_21), ConvBNFusion for a 16-bit
@@ -131,8 +131,7 @@ def disabled_optimizers(model: Model, level: str | None = None, *,
     if _signed_quantize_at_21(model):
         found.append(_QDQ_PROPAGATOR)
     if (model.opset("") or 1) < _ROUND_OPSET and any(
-            node.op_type == "DequantizeLinear" and node.is_onnx
-            for node in model.graph.all_nodes()):
+            map(_float_bias_beside_dequantized, model.graph.all_nodes())):
         found.append(_REQUANTIZER)
     for node in model.graph.all_nodes():
         if node.op_type in ("Conv", "ConvTranspose", "Gemm") and node.is_onnx \
@@ -159,6 +158,18 @@ def disabled_optimizers(model: Model, level: str | None = None, *,
 # refused the .om of a symmetric int8 compile ("output_dtype INT8 does not match y_zero_point
 # type UINT8").
 _QDQ_PROPAGATOR = "QDQPropagationTransformer"
+
+
+def _float_bias_beside_dequantized(node) -> bool:
+    """A Conv, ConvTranspose or Gemm reading a DequantizeLinear output with a float constant
+    bias: what WeightBiasQuantization quantizes with its Round."""
+    if node.op_type not in ("Conv", "ConvTranspose", "Gemm") or not node.is_onnx \
+            or len(node.inputs) < 3 or node.inputs[2] is None:
+        return False
+    bias = node.inputs[2]
+    return bias.producer is None and bias.is_constant and any(
+        x is not None and x.producer is not None and x.producer.op_type == "DequantizeLinear"
+        for x in node.inputs[:2])
 
 
 def _signed_quantize_at_21(model: Model) -> bool:
@@ -378,21 +389,33 @@ def _layout_left_to_onnxruntime(nodes: list) -> bool:
                for n in convs)
 
 
-def _convs_in_called_functions(model: Model, nodes: list) -> bool:
-    """Whether a node calls a model-local function whose body (or a function it calls) holds a
-    Conv: passes leave function bodies as they are, so onnxruntime's layout level must block it."""
+def _convs_in_called_functions(model: Model) -> bool:
+    """Whether a node (or one in its subgraphs) calls a model-local function whose body, or a
+    function it calls, holds a Conv at any depth: the passes leave function bodies as they are,
+    so onnxruntime's layout level must block it."""
     functions = {(f.domain, f.name): f for f in model.functions}
-    seen, todo = set(), [(n.domain, n.op_type) for n in nodes]
+    seen = set()
+    todo = [(n.domain, n.op_type) for n in model.graph.all_nodes()]
     while todo:
         key = todo.pop()
         if key in seen or key not in functions:
             continue
         seen.add(key)
-        for inner in functions[key].node:
+        for inner in _proto_nodes(functions[key].node):
             if inner.op_type in ("Conv", "QLinearConv") and inner.domain in ("", "ai.onnx"):
                 return True
             todo.append((inner.domain, inner.op_type))
     return False
+
+
+def _proto_nodes(nodes):
+    """A function body's nodes and their subgraphs' nodes, at any depth."""
+    stack = [nodes]
+    while stack:
+        for node in stack.pop():
+            yield node
+            stack.extend(attr.g.node for attr in node.attribute if attr.HasField("g"))
+            stack.extend(g.node for attr in node.attribute for g in attr.graphs)
 
 
 def _session_level(model: Model, fused_level: str | None) -> str | None:
@@ -411,7 +434,7 @@ def _session_level(model: Model, fused_level: str | None) -> str | None:
     nodes = list(model.graph)
     if fused_level is not None and _layout_left_to_onnxruntime(nodes):
         return "all"
-    if fused_level is not None and _convs_in_called_functions(model, nodes):
+    if fused_level is not None and _convs_in_called_functions(model):
         return "all"  # convs inside model-local functions: graphopt did not block them
     if any(map(_half_int8_nbits, nodes)):
         return "all"

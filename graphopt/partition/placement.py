@@ -55,6 +55,12 @@ def _host_engine(target: Target) -> str | None:
     return next(iter(engines), None)
 
 
+# graphopt's own groups (-O3's FuseElementwise), whose conv or GEMM epilogues are priced as one
+# cube kernel; the cube ops a model's own function may hold.
+_OWN_GROUPS = "graphopt"
+_CUBE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
 def _fit(node: Node, device: Device, functions: dict,
          opsets: dict) -> tuple[str | None, str | None]:
     """(engine, None) when `device` runs `node`, else (None, the reason it cannot)."""
@@ -84,6 +90,13 @@ def _fit_function(node: Node, function, device: Device,
     ranks = body_ranks(node, function) or {}
     rank = max((len(v.shape) for v in _tensors(node) if v.shape is not None), default=None)
     engine = None
+    if function.domain != _OWN_GROUPS and any(
+            inner.op_type in _CUBE_OPS and inner.domain in ("", "ai.onnx")
+            for inner in function.node):
+        # A model's own function left uninlined (at -O0, or refused by ONNX's inliner): its
+        # conv or GEMM reads the body's own constants, which no tiling of a call can see.
+        return None, (f"a model-local function with a {'/'.join(sorted(_CUBE_OPS))} inside "
+                      f"({node.qualified_op}, not inlined) runs on the host")
     for inner in function.node:
         if inner.op_type == "Constant" and inner.domain in ("", "ai.onnx"):
             continue  # a constant of the body: data, not a kernel
