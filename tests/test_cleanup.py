@@ -725,8 +725,7 @@ def test_a_repeated_idempotent_op_or_involution_goes():
         na = Neg(a1)
     }"""
     model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
-    assert {rule: stats.get(rule) for rule in ("Relu", "Abs", "Floor", "Sign", "Neg", "Not")} \
-        == {"Relu": 1, "Abs": 1, "Floor": 1, "Sign": 1, "Neg": 1, "Not": 1}
+    assert stats.get("RepeatedOp") == 6  # Relu, Abs, Floor, Sign, Neg, Not
     assert sorted(ops(model)) == sorted(["Relu", "Abs", "Floor", "Sign", "Exp", "IsNaN", "Abs",
                                          "Neg"])
     feeds = {"x": EDGE_FLOATS}
@@ -748,7 +747,7 @@ def test_a_cast_round_trip_goes_only_through_a_type_that_holds_every_value(sourc
     }}"""
     text = text.replace(f"{source}[1, 10] y)", f"{source}[1, 10] z)")
     model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
-    assert (stats.get("Cast", 0) == 1) == goes
+    assert (stats.get("CastRoundTrip", 0) == 1) == goes
     values = {"float": EDGE_FLOATS, "float16": EDGE_FLOATS.astype(np.float16),
               "double": EDGE_FLOATS.astype(np.float64),
               "int32": np.array([[-2**31, 2**31 - 1, 2**24 + 1, 0, 1, -1, 5, 6, 7, 8]], np.int32),
@@ -782,7 +781,7 @@ def test_a_reduction_over_dims_of_size_one_is_its_input_or_a_squeeze():
         f = Reciprocal(f1)
     }"""
     model, stats = run_passes(text, "EliminateNoOps", "EliminateDeadNodes")
-    assert stats.get("ReduceMax") == 1 and stats.get("ReduceOverOnes") == 2
+    assert stats.get("ReduceOverOnes") == 3
     assert sorted(ops(model)) == ["Reciprocal", "ReduceL2", "ReduceMax", "ReduceMean", "Relu",
                                   "Squeeze", "Squeeze"]
     x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 1, 4, 1)

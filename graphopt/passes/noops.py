@@ -74,7 +74,21 @@ def _cast(node: Node) -> Value | None:
         return x
     if node.op_type == "CastLike" and _same_type(x, node.inputs[1]):
         return x
-    return cast_round_trip(node) if node.op_type == "Cast" else None
+    return None
+
+
+def _chain(node: Node) -> tuple[str, Value] | None:
+    """(the named rewrite, the value `node`'s output equals) for the chains noop_chains finds:
+    Relu(Relu(x)), Neg(Neg(x)) (RepeatedOp), a Cast round trip (CastRoundTrip), a reduction
+    over dims of size 1 that keeps them (ReduceOverOnes)."""
+    if node.op_type in IDEMPOTENT or node.op_type in INVOLUTIONS:
+        keep = repeated(node)
+        return None if keep is None else ("RepeatedOp", keep)
+    if node.op_type == "Cast":
+        keep = cast_round_trip(node)
+        return None if keep is None else ("CastRoundTrip", keep)
+    keep = _reduce_kept(node) if node.op_type.startswith("Reduce") else None
+    return None if keep is None else ("ReduceOverOnes", keep)
 
 
 def _reduce_kept(node: Node) -> Value | None:
@@ -202,9 +216,6 @@ RULES: dict[str, Callable[[Node], Value | None]] = {
     "Concat": _single_input, "Sum": _single_input, "Max": _single_input, "Min": _single_input,
     "Mean": _single_input,
     "Split": _split, "Tile": _tile, "Pad": _pad, "Slice": _slice,
-    **{op: _reduce_kept for op in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin",
-                                   "ReduceProd")},
-    **{op: repeated for op in IDEMPOTENT | INVOLUTIONS},
 }
 
 
@@ -390,8 +401,11 @@ NAMED_REWRITES = {
     "MeanOfSum": "Div(ReduceSum(x), count of the elements summed) → ReduceMean(x).",
     "WhereOfNot": "Where(Not(c), a, b) → Where(c, b, a).",
     "ArgOfSoftmax": "ArgMax(Softmax(x)) over the normalized axis → ArgMax(x).",
-    "ReduceOverOnes": "a Max/Min/Prod (or integer Sum/Mean) reduction over dims of size 1 "
-                      "dropping them → Squeeze.",
+    "ReduceOverOnes": "a Max/Min/Prod (or integer Sum/Mean) reduction over dims of size 1 → "
+                      "its input, or a Squeeze where it drops them.",
+    "RepeatedOp": "Relu(Relu(x)) → Relu(x) (Abs, Ceil, Floor, Round, Sign alike), Neg(Neg(x)) "
+                  "and Not(Not(x)) → x.",
+    "CastRoundTrip": "Cast(Cast(x, W), x's type) → x where W holds every value of x's type.",
 }
 
 
@@ -440,6 +454,10 @@ class EliminateNoOps(Pass):
                 continue
             if node.op_type.startswith("Reduce") and _reduce_dropped(node, opset, gate):
                 result.count("ReduceOverOnes")
+                continue
+            chain = _chain(node)
+            if chain is not None and gate.allows(chain[0], node) and bypass(node, chain[1]):
+                result.count(chain[0])
                 continue
             rule = RULES.get(node.op_type)
             if rule is None or (len(node.outputs) > 1 and node.op_type != "Split"):
