@@ -3,10 +3,11 @@ model: the passes see the nodes inside (they never enter a function body)."""
 
 from __future__ import annotations
 
-from onnx import AttributeProto, GraphProto, ModelProto
+from onnx import ModelProto
 
 from graphopt.errors import one_line
 from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.ir.onnx_io import proto_nodes
 from graphopt.warning_scope import warnings_as
 
 # graphopt's own groups (-O3's FuseElementwise), which a model compiled before may carry: kept.
@@ -58,18 +59,6 @@ def inline_user_functions(model: Model) -> tuple[Model, str | None]:
                     "onnxruntime inlines them when it loads the model")
 
 
-def _nodes_of(nodes):
-    """`nodes` and the nodes of their subgraphs, at any depth."""
-    stack = [nodes]
-    while stack:
-        for node in stack.pop():
-            yield node
-            for attr in node.attribute:
-                if attr.type == AttributeProto.GRAPH:
-                    stack.append(attr.g.node)
-                stack.extend(g.node for g in attr.graphs if isinstance(g, GraphProto))
-
-
 def _reachable(proto: ModelProto) -> set:
     """The (domain, name) of the local functions the main graph calls, directly or through
     other functions' bodies."""
@@ -77,7 +66,7 @@ def _reachable(proto: ModelProto) -> set:
     found: set = set()
     todo = [proto.graph.node]
     while todo:
-        for node in _nodes_of(todo.pop()):
+        for node in proto_nodes(todo.pop()):
             key = (node.domain, node.op_type)
             if key in bodies and key not in found:
                 found.add(key)
@@ -109,7 +98,7 @@ def _import_function_domains(proto: ModelProto, functions: set) -> None:
 
 
 def _called_from_graph(proto: ModelProto, functions: set) -> set:
-    return {(node.domain, node.op_type) for node in _nodes_of(proto.graph.node)
+    return {(node.domain, node.op_type) for node in proto_nodes(proto.graph.node)
             if (node.domain, node.op_type) in functions}
 
 
@@ -117,7 +106,7 @@ def _calls(proto: ModelProto, functions: set, used: set) -> int:
     """The calls of `functions` in the main graph and in the bodies of the functions it uses."""
     bodies = [f.node for f in proto.functions if (f.domain, f.name) in used]
     return sum((node.domain, node.op_type) in functions
-               for nodes in (proto.graph.node, *bodies) for node in _nodes_of(nodes))
+               for nodes in (proto.graph.node, *bodies) for node in proto_nodes(nodes))
 
 
 def _spell_out_defaults(proto: ModelProto) -> None:
@@ -126,7 +115,7 @@ def _spell_out_defaults(proto: ModelProto) -> None:
     Keyed by overload too (IR 10's overloads of one name default apart)."""
     defaults = {(f.domain, f.name, f.overload): list(f.attribute_proto) for f in proto.functions}
     for nodes in (proto.graph.node, *(f.node for f in proto.functions)):
-        for node in _nodes_of(nodes):
+        for node in proto_nodes(nodes):
             given = {a.name for a in node.attribute}
             for default in defaults.get((node.domain, node.op_type, node.overload), ()):
                 if default.name not in given:

@@ -10,6 +10,7 @@ from graphopt.codegen.om_write import OmPartition
 from graphopt.codegen.prepacking import prepacking_pays
 from graphopt.ir import DType, Model, load_onnx, to_onnx
 from graphopt.ir.onnx_export import node_to_proto, value_info
+from graphopt.ir.onnx_io import proto_nodes
 from graphopt.ir.tensor import Tensor, referenced, tensor_copies, tensor_references
 from graphopt.numerics import optimized_by_onnxruntime
 from graphopt.passes.disputed_shapes import shape_read_past_dispute
@@ -401,21 +402,11 @@ def _convs_in_called_functions(model: Model) -> bool:
         if key in seen or key not in functions:
             continue
         seen.add(key)
-        for inner in _proto_nodes(functions[key].node):
+        for inner in proto_nodes(functions[key].node):
             if inner.op_type in ("Conv", "QLinearConv") and inner.domain in ("", "ai.onnx"):
                 return True
             todo.append((inner.domain, inner.op_type))
     return False
-
-
-def _proto_nodes(nodes):
-    """A function body's nodes and their subgraphs' nodes, at any depth."""
-    stack = [nodes]
-    while stack:
-        for node in stack.pop():
-            yield node
-            stack.extend(attr.g.node for attr in node.attribute if attr.HasField("g"))
-            stack.extend(g.node for attr in node.attribute for g in attr.graphs)
 
 
 def _session_level(model: Model, fused_level: str | None) -> str | None:

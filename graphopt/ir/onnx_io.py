@@ -78,6 +78,19 @@ def graph_protos(graph: GraphProto) -> Iterator[GraphProto]:
                     yield from graph_protos(sub)
 
 
+def proto_nodes(nodes) -> Iterator[NodeProto]:
+    """`nodes` (a graph's or a function body's) and the nodes of every graph nested in their
+    attributes, at any depth."""
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from proto_nodes(attr.g.node)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from proto_nodes(sub.node)
+
+
 def _same_weight(value: Value, tensor: Tensor) -> bool:
     """Whether `value` is a weight holding exactly `tensor`'s data (a subgraph initializer
     repeating it may shadow it: readers get the same numbers either way)."""

@@ -82,7 +82,8 @@ def _nested_hardmax(model: Model) -> str | None:
 
 
 def _ranks(proto) -> dict[str, int]:
-    """The rank of every value ONNX's shape inference finds a shape for, in every graph."""
+    """The rank of every value ONNX's shape inference finds a shape for, in every graph (a name
+    two subgraphs share takes the inner one's, which is rarely another rank)."""
     import onnx
 
     try:
@@ -90,16 +91,12 @@ def _ranks(proto) -> dict[str, int]:
             proto = onnx.shape_inference.infer_shapes(proto)
     except Exception:  # noqa: BLE001 - nothing inferred: every rank unknown
         return {}
-    ranks: dict[str, int] = {}
-    graphs = [proto.graph]
-    while graphs:
-        graph = graphs.pop()
-        for info in (*graph.input, *graph.output, *graph.value_info):
-            if info.type.tensor_type.HasField("shape"):
-                ranks[info.name] = len(info.type.tensor_type.shape.dim)
-        graphs.extend(attr.g for node in graph.node for attr in node.attribute
-                      if attr.HasField("g"))
-    return ranks
+    from graphopt.ir.onnx_io import graph_protos
+
+    return {info.name: len(info.type.tensor_type.shape.dim)
+            for graph in graph_protos(proto.graph)
+            for info in (*graph.input, *graph.output, *graph.value_info)
+            if info.type.tensor_type.HasField("shape")}
 
 
 def _check_feeds(model: Model, original, options: Options) -> tuple[dict, str]:
