@@ -8,10 +8,10 @@ from onnx import ModelProto
 from graphopt.errors import one_line
 from graphopt.ir import Model, load_onnx, to_onnx
 from graphopt.ir.onnx_io import proto_nodes
+# graphopt's own groups (-O3's FuseElementwise), which a model compiled before may carry: kept.
+from graphopt.passes.fusion.elementwise import DOMAIN as GROUP_DOMAIN
 from graphopt.warning_scope import warnings_as
 
-# graphopt's own groups (-O3's FuseElementwise), which a model compiled before may carry: kept.
-OWN_DOMAIN = "graphopt"
 # Nesting deeper than this is left to onnxruntime (a call chain of functions, inlined a level
 # at a time).
 _MAX_DEPTH = 64
@@ -25,7 +25,7 @@ def inline_user_functions(model: Model) -> tuple[Model, str | None]:
     runs instead (a local com.microsoft::Gelu whose body is a Neg runs as Gelu)."""
     proto = to_onnx(model)
     used = _reachable(proto)
-    own = {key for key in used if key[0] != OWN_DOMAIN and not _has_kernel(*key)}
+    own = {key for key in used if key[0] != GROUP_DOMAIN and not _has_kernel(*key)}
     if not own:
         return model, None
     calls = _calls(proto, own, used)

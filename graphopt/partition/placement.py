@@ -21,6 +21,7 @@ from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.body_types import body_ranks, body_types
 from graphopt.partition.quant_fit import qdq_problem
+from graphopt.passes.fusion.elementwise import DOMAIN as GROUP_DOMAIN
 
 if TYPE_CHECKING:
     from graphopt.partition.target import Device, OpSupport, Target
@@ -55,9 +56,8 @@ def _host_engine(target: Target) -> str | None:
     return next(iter(engines), None)
 
 
-# graphopt's own groups (-O3's FuseElementwise), whose conv or GEMM epilogues are priced as one
-# cube kernel; the cube ops a model's own function may hold.
-_OWN_GROUPS = "graphopt"
+# The cube ops a model's own function may hold (graphopt's groups, -O3's FuseElementwise, have
+# their conv or GEMM epilogues priced as one cube kernel).
 _CUBE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 
 
@@ -90,7 +90,7 @@ def _fit_function(node: Node, function, device: Device,
     ranks = body_ranks(node, function) or {}
     rank = max((len(v.shape) for v in _tensors(node) if v.shape is not None), default=None)
     engine = None
-    if function.domain != _OWN_GROUPS and any(
+    if function.domain != GROUP_DOMAIN and any(
             inner.op_type in _CUBE_OPS and inner.domain in ("", "ai.onnx")
             for inner in function.node):
         # A model's own function left uninlined (at -O0, or refused by ONNX's inliner): its
