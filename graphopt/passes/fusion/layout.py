@@ -140,47 +140,59 @@ class SqueezeOfUnsqueeze(Rule):
         return x
 
 
-class UnsqueezeOfUnsqueeze(Rule):
+class _TwoInOne(Rule):
+    """Op(Op(x, A), B) → Op(x, C) for `op_type` (Squeeze or Unsqueeze), C as `merged` works it
+    out from A and B; `unknown` says why it cannot. Each rule takes `both` as its pattern (a
+    base with a pattern of its own would register as a rule)."""
+
+    op_type: str
+    unknown: str
+
+    def both(self, op, x, inner_axes, outer_axes):
+        make = getattr(op, self.op_type)
+        inner = make(x, Optional(inner_axes), axes=Attr("inner_attr"))
+        return make(inner, Optional(outer_axes), axes=Attr("outer_attr"), _name="root")
+
+    def merged(self, x: Value, inner: list[int] | None,
+               outer: list[int] | None) -> list[int] | None:
+        raise NotImplementedError
+
+    def check(self, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
+        axes = self.merged(x, _axes(inner_axes, inner_attr), _axes(outer_axes, outer_attr))
+        return None if axes is not None else self.unknown
+
+    def rewrite(self, op, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
+        axes = self.merged(x, _axes(inner_axes, inner_attr), _axes(outer_axes, outer_attr))
+        make = getattr(op, self.op_type)
+        if (op.model.opset("") or 1) >= 13:
+            return make(x, op.const(np.array(axes, np.int64)))
+        return make(x, axes=axes)
+
+
+class UnsqueezeOfUnsqueeze(_TwoInOne):
     """Unsqueeze(Unsqueeze(x, A), B) → Unsqueeze(x, C): B's axes, and A's placed among the
     axes B leaves (A counts in the middle rank, B in the final one)."""
 
-    def pattern(self, op, x, inner_axes, outer_axes):
-        inserted = op.Unsqueeze(x, Optional(inner_axes), axes=Attr("inner_attr"))
-        return op.Unsqueeze(inserted, Optional(outer_axes), axes=Attr("outer_attr"),
-                            _name="root")
+    op_type = "Unsqueeze"
+    pattern = _TwoInOne.both
+    unknown = "the axes are not constant, repeat, are empty, or are negative with x's rank " \
+              "unknown"
 
-    def check(self, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
-        return None if _merged_unsqueeze(x, _axes(inner_axes, inner_attr),
-                                         _axes(outer_axes, outer_attr)) is not None \
-            else "the axes are not constant, repeat, are empty, or are negative with x's rank " \
-            "unknown"
-
-    def rewrite(self, op, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
-        axes = _merged_unsqueeze(x, _axes(inner_axes, inner_attr), _axes(outer_axes, outer_attr))
-        if (op.model.opset("") or 1) >= 13:
-            return op.Unsqueeze(x, op.const(np.array(axes, np.int64)))
-        return op.Unsqueeze(x, axes=axes)
+    def merged(self, x, inner, outer):
+        return _merged_unsqueeze(x, inner, outer)
 
 
-class SqueezeOfSqueeze(Rule):
+class SqueezeOfSqueeze(_TwoInOne):
     """Squeeze(Squeeze(x, A), B) → Squeeze(x, C): A, and B's axes (counted in the middle
     rank) taken back to the axes of x they were."""
 
-    def pattern(self, op, x, inner_axes, outer_axes):
-        squeezed = op.Squeeze(x, Optional(inner_axes), axes=Attr("inner_attr"))
-        return op.Squeeze(squeezed, Optional(outer_axes), axes=Attr("outer_attr"), _name="root")
+    op_type = "Squeeze"
+    pattern = _TwoInOne.both
+    unknown = "the axes are not constant, repeat, are empty (every 1-dim), or are negative " \
+              "with x's rank unknown"
 
-    def check(self, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
-        return None if _merged_squeeze(x, _axes(inner_axes, inner_attr),
-                                       _axes(outer_axes, outer_attr)) is not None \
-            else "the axes are not constant, repeat, are empty (every 1-dim), or are negative " \
-            "with x's rank unknown"
-
-    def rewrite(self, op, x, inner_attr, outer_attr, inner_axes=None, outer_axes=None):
-        axes = _merged_squeeze(x, _axes(inner_axes, inner_attr), _axes(outer_axes, outer_attr))
-        if (op.model.opset("") or 1) >= 13:
-            return op.Squeeze(x, op.const(np.array(axes, np.int64)))
-        return op.Squeeze(x, axes=axes)
+    def merged(self, x, inner, outer):
+        return _merged_squeeze(x, inner, outer)
 
 
 def _merged_squeeze(x: Value, inner: list[int] | None,
