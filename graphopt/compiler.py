@@ -250,7 +250,10 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
                                  set(options.disabled_passes), options.level)
         result.traces = ctx.tracer.report(why_none=why, fired=rule_fire_counts(log))
     if source.reference is not None:
-        _verify(result, source.reference, inputs, options, rtol, atol)
+        try:
+            _verify(result, source.reference, inputs, options, rtol, atol)
+        except InputError as exc:
+            raise InputError(f"{exc}{_half_inputs_hint(str(exc), edits.fp16_inputs)}") from None
     if target is not None:
         _partition(result, target, options, memory_reorder)
     result.seconds = time.perf_counter() - start
@@ -566,6 +569,16 @@ def _drop_unused_domains(model: Model, given: frozenset) -> None:
     for domain in [d for d in model.opset_imports if d not in given]:
         if domain not in used and domain not in ("", "ai.onnx"):
             del model.opset_imports[domain]
+
+
+def _half_inputs_hint(message: str, fp16_inputs: list[str] | None) -> str:
+    """A hint for --inputs whose arrays keep the model's own float32 where --input-fp16-nodes
+    made an input take float16: --verify runs the model as compiled, which takes them so."""
+    for name in fp16_inputs or ():
+        if f"input {name!r} has dtype float32, expected float16" in message:
+            return (f" ({option('input_fp16_nodes')} makes it take float16, and "
+                    f"{option('inputs')} holds what the compiled model takes)")
+    return ""
 
 
 def _verify(result: OptimizeResult, reference: ModelProto, inputs, options: Options,

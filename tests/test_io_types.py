@@ -120,6 +120,18 @@ def test_the_artifact_verifies_inspects_and_compares_against_the_source(tmp_path
         compare_models(source, om, single)
 
 
+def test_verify_inputs_in_float32_for_a_float16_input_say_why(tmp_path, capsys):
+    source, feeds = tmp_path / "net.onnx", tmp_path / "feeds.npz"
+    onnx.save(_classifier(), source)
+    np.savez(feeds, **{**_feeds(), "x": _feeds()["x"].astype(np.float32)})
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "net.om",
+                         "--input-fp16-nodes", "x", "--verify", "--inputs", feeds)
+    assert rc != 0
+    assert "input 'x' has dtype float32, expected float16[N,3,16,16] (--input-fp16-nodes makes " \
+           "it take float16, and --inputs holds what the compiled model takes)" in err
+    assert not (tmp_path / "net.om").exists()
+
+
 def test_compare_casts_an_inner_tensor_out_nodes_made_an_output():
     # The source computes r inside, in float32: the compile's float16 r failed on 480 elements
     # at rtol 1e-4, though the model is exact up to the Cast.
