@@ -286,7 +286,7 @@ def _tune(args) -> int:
              f"{r.speedup:.3f}", r.trials, str(r.best[0])] for g, r in zip(kernels, results)]
     print(format_table(["kernel signature", "nodes", "default µs", "tuned µs", "speedup",
                         "trials", "tuned tiling"], rows,
-                       title=f"op tuning on {partitioning.target.name} (estimates; {url})"))
+                       title=f"op tuning on {partitioning.target.shown} (estimates; {url})"))
     counted, elsewhere = {}, []  # the tiling a compile applies to each node, and where
     for group, found in zip(kernels, results):
         device = partitioning.target.device(group.device)

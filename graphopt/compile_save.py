@@ -251,7 +251,7 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
         kept = (f"; {len(no_gain)} keep the default tiling, which this cost model prices no "
                 "slower than the best it holds for their shapes" if no_gain else "")
         result.notes.append(f"{option('tuning_db')}: tuned tilings for {tuned} of {len(cube)} "
-                            f"NPU cube kernel(s) on {partitioning.target.name}{where}{kept}"
+                            f"NPU cube kernel(s) on {partitioning.target.shown}{where}{kept}"
                             + ("" if tuned or no_gain else
                                " (graphopt tune … --target with the same profile and shapes "
                                "fills it)"))

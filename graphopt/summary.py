@@ -23,7 +23,7 @@ def format_summary(result: OptimizeResult, output: str | None = None,
     profiles = (f" (shape profile {result.profiles[0].profile.name} of {len(result.profiles)} "
                 "below)") if result.profiles else ""
     # File names may hold any character: the line stays one line (errors.one_line).
-    target = (f"target {result.partitioning.target.name}, "
+    target = (f"target {result.partitioning.target.shown}, "
               if result.partitioning is not None else "")
     head = (f"{one_line(result.source_label)} -> {one_line(output or '(in memory)')}{profiles}: "
             f"{target}{result.log.pipeline}, "

@@ -797,6 +797,27 @@ def test_an_om_of_a_custom_profile_named_as_a_builtin_says_so(tmp_path, capsys):
         assert rc == 0 and f"target     {shown}" in out, out
 
 
+def test_messages_name_the_file_of_a_custom_profile_named_as_a_builtin(tmp_path, capsys):
+    # "target ascend310: 1 partition(s)" and "target ascend310 has no bfloat16 kernel" read as
+    # the built-in's, which the user's file may well differ from.
+    import onnx
+    from helpers import run_cli
+
+    from graphopt import zoo
+
+    doc = json.loads(open(load_target("ascend310").path, encoding="utf-8").read())
+    _, path = _load(tmp_path, doc, "my310.json")
+    onnx_path = tmp_path / "tiny.onnx"
+    onnx.save(zoo.build("tiny"), onnx_path)
+    rc, out, _ = run_cli(capsys, "partition", onnx_path, "--target", path)
+    assert rc == 0 and out.startswith("target ascend310 (profile file my310.json): 1 partition")
+    rc, _, err = run_cli(capsys, "optimize", onnx_path, "-o", tmp_path / "t.om", "--target", path,
+                         "--precision", "bf16")
+    assert rc != 0 and "target ascend310 (profile file my310.json) has no bfloat16 kernel" in err
+    rc, out, _ = run_cli(capsys, "partition", onnx_path, "--target", "ascend310")
+    assert rc == 0 and out.startswith("target ascend310: 1 partition")
+
+
 def test_an_npu_without_a_cube_prices_its_matmuls_on_their_engine(tmp_path, capsys):
     # The cost model took every MatMul for a cube op: "internal error: ValueError: device
     # 'npu' has no cube unit" from optimize, tune and partition.

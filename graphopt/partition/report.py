@@ -25,7 +25,7 @@ def format_partitioning(partitioning: Partitioning, *, all_fallbacks: bool = Fal
             for p in partitioning.partitions]
     lines = [format_table(
         ["partition", "device", "nodes", "engines", "in", "in KiB", "out", "out KiB", "ops"],
-        rows, title=f"target {target.name}: {len(partitioning.partitions)} partition(s)")]
+        rows, title=f"target {target.shown}: {len(partitioning.partitions)} partition(s)")]
     if partitioning.layouts:
         lines.append("")
         lines.append(wrap_to_terminal("device formats (TransData counted before and after "

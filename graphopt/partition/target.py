@@ -104,11 +104,19 @@ class Target:
     transfer_latency_s: float
     sources: Mapping[str, str]       # figure key path -> citation
 
+    @property
+    def shown(self) -> str:
+        """The name messages give: a profile file named like a built-in target says which file,
+        so that a refusal is not read as the built-in's."""
+        if self.name in builtin_targets() and not is_builtin(self):
+            return f"{self.name} (profile file {os.path.basename(self.path)})"
+        return self.name
+
     def device(self, name: str) -> Device:
         for device in self.devices:
             if device.name == name:
                 return device
-        raise KeyError(f"target {self.name} has no device '{name}' "
+        raise KeyError(f"target {self.shown} has no device '{name}' "
                        f"(devices: {', '.join(d.name for d in self.devices)})")
 
     def figures(self) -> dict[str, Any]:

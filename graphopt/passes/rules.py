@@ -148,7 +148,7 @@ def target_refuses(target, emits, root: Value) -> str | None:
     dtype = _dtype_name(int(root.dtype)) if root.dtype is not None else None
     for domain, op_type in emits:
         if not device.has_kernel(op_type, domain, dtype):
-            return (f"target {target.name}: its {device.name} has no {domain or 'ai.onnx'}::"
+            return (f"target {target.shown}: its {device.name} has no {domain or 'ai.onnx'}::"
                     f"{op_type} kernel for {dtype or 'this type'}")
     return None
 
@@ -167,7 +167,7 @@ def target_attributes_refuse(target, root: Value, emitted: tuple[str, str],
     support = device.kernel(op_type, domain, dtype)
     problem = attribute_problem(attrs.get, support, op_type, domain) if support is not None \
         else None
-    return f"target {target.name}: its {device.name} {problem}" if problem else None
+    return f"target {target.shown}: its {device.name} {problem}" if problem else None
 
 
 @functools.lru_cache(maxsize=None)

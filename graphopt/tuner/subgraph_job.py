@@ -110,5 +110,5 @@ def checked_target(job: SubgraphJob):
     target = load_target(job.target)
     if job.objective == "measured" and target.device(target.primary).kind != "cpu":
         raise OptionError(f"--objective measured times onnxruntime on this machine's CPU: it "
-                          f"needs a CPU target, not {target.name} (use --objective estimate)")
+                          f"needs a CPU target, not {target.shown} (use --objective estimate)")
     return target

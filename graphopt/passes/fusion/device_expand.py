@@ -94,10 +94,10 @@ def _runs_swiglu(target, root) -> str | None:
     device = placed_device(target, root)
     dtype = dtype_name(int(root.dtype)) if root.dtype is not None else None
     if device.has_kernel("SwiGLU", "", dtype):
-        return f"target {target.name}: its {device.name} runs SwiGLU"
+        return f"target {target.shown}: its {device.name} runs SwiGLU"
     missing = [op for op in ("Sigmoid", "Mul") if not device.has_kernel(op, "", dtype)]
     if missing:
-        return f"target {target.name}: its {device.name} has no kernel for " \
+        return f"target {target.shown}: its {device.name} has no kernel for " \
                f"{', '.join(missing)} either"
     return None
 

@@ -14,12 +14,12 @@ def npu_lacks(target, root, op_type: str, body: tuple[str, ...], domain: str = "
         return "no target: onnxruntime's CPU provider runs the op"
     device = target.device(target.primary)
     if device.kind == "cpu":
-        return f"target {target.name} runs on its {device.name}, which has the op"
+        return f"target {target.shown} runs on its {device.name}, which has the op"
     dtype = dtype_name(int(root.dtype)) if root.dtype is not None else None
     if device.has_kernel(op_type, domain, dtype):
-        return f"target {target.name}: its {device.name} runs {op_type}"
+        return f"target {target.shown}: its {device.name} runs {op_type}"
     missing = [op for op in body if not device.has_kernel(op, "", None if op in untyped else dtype)]
     if missing:
-        return (f"target {target.name}: its {device.name} has no kernel for "
+        return (f"target {target.shown}: its {device.name} has no kernel for "
                 f"{', '.join(missing)} either")
     return None

@@ -74,9 +74,9 @@ def _has_kernel(target, root: Value) -> str | None:
         target = load_target("cpu")
     device = placed_device(target, root)
     if device.has_kernel("GroupNormalization", "", None):
-        return f"target {target.name}: its {device.name} runs GroupNormalization"
+        return f"target {target.shown}: its {device.name} runs GroupNormalization"
     missing = [op for op in _BODY if not device.has_kernel(op, "", "float32")]
     if missing:
-        return f"target {target.name}: its {device.name} has no kernel for " \
+        return f"target {target.shown}: its {device.name} has no kernel for " \
                f"{', '.join(missing)} either"
     return None

@@ -14,7 +14,7 @@ class OnTheCpu(Rule):
     def unsupported(self, root, target=None):
         if target is not None and placed_device(target, root).kind != "cpu":
             device = placed_device(target, root).name
-            return f"target {target.name}: its {device} runs {root.producer.op_type}"
+            return f"target {target.shown}: its {device} runs {root.producer.op_type}"
         return super().unsupported(root, target)
 
 

@@ -369,7 +369,7 @@ class ConvertPrecision(Pass):
 
     @staticmethod
     def _refuse(mode: str, decider: _Decider, support: Support) -> None:
-        target = support.target.name
+        target = support.target.shown
         dtype = "float16" if "fp16" in mode else "bfloat16"
         if decider.refused:
             raise PrecisionError(
