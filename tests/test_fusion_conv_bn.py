@@ -461,6 +461,66 @@ def test_batch_norm_of_zero_variance_and_epsilon_is_refused():
              "ConvBatchNorm", "is not finite")
 
 
+# -- MatMul (+ bias) · per-column constant: LayerScale -----------------------------------------
+
+LAYER_SCALE = """
+g (float[{xshape}] x, float[8, 6] w{bdecl}, float[{cshape}] c) => (float[{yshape}] y) {{
+    m = MatMul(x, w){badd}
+    y = Mul({order})
+}}"""
+
+
+def _layer_scale(cshape, bias=False, xshape=(2, 5, 8), swap=False, **overrides):
+    out = "a" if bias else "m"
+    bshape = overrides["b"].shape if overrides.get("b") is not None else (6,)
+    product = tuple(xshape[:-1]) + (6,)
+    yshape = np.broadcast_shapes(product, bshape if bias else (), cshape)
+    text = LAYER_SCALE.format(
+        xshape=", ".join(map(str, xshape)), cshape=", ".join(map(str, cshape)),
+        yshape=", ".join(map(str, yshape)),
+        bdecl=f", float[{', '.join(map(str, bshape))}] b" if bias else "",
+        badd="\n    a = Add(m, b)" if bias else "", order=f"c, {out}" if swap else f"{out}, c")
+    arrays = {"w": _f32(8, 6, seed=5), "c": _f32(*cshape, seed=7)}
+    if bias:
+        arrays["b"] = _f32(6, seed=6)
+    arrays.update(overrides)
+    return _model(text, **{k: v for k, v in arrays.items() if v is not None})
+
+
+@pytest.mark.parametrize("cshape", [(6,), (1, 6), (1, 1, 6)])
+@pytest.mark.parametrize("swap", [False, True])
+def test_a_layer_scale_after_a_matmul_goes_into_its_weight(cshape, swap):
+    # ConvNeXt's (x·W + b)·γ kept one Mul per block at every level (1.04-1.07x the original's
+    # time as an .om on a TorchScript export, where onnxruntime's layout work hid it).
+    _fires(_layer_scale(cshape, swap=swap), "MatMulMulScale", ["MatMul"])
+    model = _fires(_layer_scale(cshape, bias=True, swap=swap), "MatMulAddMulScale",
+                   ["MatMul", "Add"])
+    assert {v.name for n in model.graph for v in n.inputs if v is not None} >= {"w_fused", "w_b"}
+
+
+def test_a_layer_scale_on_a_vector_input_and_a_bias_of_higher_rank():
+    _fires(_layer_scale((6,), xshape=(8,)), "MatMulMulScale", ["MatMul"])
+    # b·c keeps the axes a bias brings: (m + b[3,1,6])·c = m·(W·c) + b·c.
+    proto = _layer_scale((6,), bias=True, xshape=(5, 8), b=_f32(3, 1, 6, seed=6))
+    _fires(proto, "MatMulAddMulScale", ["MatMul", "Add"])
+
+
+@pytest.mark.parametrize("cshape, reason", [
+    ((1,), "is a scalar, not a scale per column"),
+    ((5, 1), "does not scale the product's 6 columns alone"),
+    ((1, 1, 1, 6), "has more axes than the rank-3 product")])
+def test_a_mul_that_is_no_layer_scale_stays(cshape, reason):
+    _refuses(_layer_scale(cshape), "MatMulMulScale", reason)
+
+
+def test_a_layer_scale_of_a_computed_weight_or_scale_stays():
+    _refuses(_layer_scale((6,), w=None), "MatMulMulScale", "weight %w is not a constant")
+    _refuses(_layer_scale((6,), c=None), "MatMulMulScale", "%c is not a constant")
+    _refuses(_layer_scale((6,), bias=True, b=None), "MatMulAddMulScale", "bias %b is not")
+    _refuses(_layer_scale((6,), c=np.full(6, np.inf, np.float32)), "MatMulMulScale",
+             "is not finite")
+
+
 # -- Pad into Conv / AveragePool ----------------------------------------------------------------
 
 PAD_INTO = """

@@ -8,7 +8,10 @@ before them; zero Pads folded into the pads of the Conv or AveragePool after the
 s runs along axis 0 of a Conv weight (any group), axis 1 of each group's block of a ConvTranspose
 weight [C_in, C_out/group, k…], the output columns of Gemm's B and of a MatMul's 2-D weight (for
 an [N, C] product only: BN normalizes axis 1). Add c is s = 1, t = c; Sub c is s = 1, t = −c;
-Mul c is s = c, t = 0 (c along axis 1 only). Folds are computed in float64, cast to the
+Mul c is s = c, t = 0 (c along axis 1 only). A Mul by a constant c along the last axis of a
+MatMul with a 2-D float weight (a LayerScale; not a scalar, which FuseMatMul and the attention
+fusions take) scales the weight's columns, and a constant bias
+between them by c as well: (x·W + b)·c = x·(W·c) + b·c. Folds are computed in float64, cast to the
 weight's dtype and stored as new initializers: the originals may be shared, and are never
 modified.
 
@@ -357,6 +360,70 @@ class ConvMulScale(ConvAddBias):
         return _fold_conv(op, node, x, w, b, _per_channel(c, node, w), 0.0)
 
 
+def _per_column(c, w, rank: int | None) -> np.ndarray | str:
+    """c as an [N] float64 vector when it scales the columns of a product with the 2-D
+    constant float weight w [K, N] one by one ([N], [1…, N]; N > 1) and, given the product's
+    `rank`, adds no axes to it; else a reason."""
+    if w.shape is None or len(w.shape) != 2 or not isinstance(w.shape[1], int):
+        return "the MatMul weight is not 2-D"
+    reason = _not_constant(weight=w) or (f"%{c.name} is not a constant" if not c.is_constant
+                                         else None)
+    if reason:
+        return reason
+    if not np.issubdtype(w.constant().dtype, np.floating):  # W·c would round integers
+        return "the MatMul is not a float one"
+    data, columns = c.constant(), w.shape[1]
+    if data.size == 1:  # a scalar: attention's scaling of q, which its fusions take
+        return f"constant {list(data.shape)} is a scalar, not a scale per column"
+    if any(d != 1 for d in data.shape[:-1]) or data.shape[-1] != columns:
+        return f"constant {list(data.shape)} does not scale the product's {columns} columns alone"
+    if rank is not None and data.ndim > rank:
+        return f"constant {list(data.shape)} has more axes than the rank-{rank} product"
+    return np.broadcast_to(data.astype(np.float64).reshape(-1), (columns,))
+
+
+class MatMulMulScale(Rule):
+    """MatMul(x, W [K, N]) · c, c a constant [N] / [1…, N] → MatMul(x, W·c): a LayerScale
+    (ConvNeXt, CaiT, DINOv2). A scalar stays: FuseMatMul and the attention fusions take it."""
+
+    def pattern(self, op, x, w, c):
+        return op.Mul(op.MatMul(x, w, _name="node"), c)
+
+    def check(self, node, x, w, c):
+        if x.shape is None:
+            return "the rank of the MatMul's input is unknown"
+        scale = _per_column(c, w, max(len(x.shape), 1))  # [K] · [K, N] is [N]
+        return scale if isinstance(scale, str) else _unsafe_scaling(w, scale, np.zeros(1))
+
+    def rewrite(self, op, node, x, w, c):
+        weight = (_f64(w) * _per_column(c, w, None)).astype(w.constant().dtype)
+        return op.MatMul(x, op.const(weight, f"{w.name}_fused"))
+
+
+class MatMulAddMulScale(Rule):
+    """(MatMul(x, W [K, N]) + b) · c, b and c constants, c [N] / [1…, N] →
+    MatMul(x, W·c) + b·c: a Linear's bias before its LayerScale."""
+
+    def pattern(self, op, x, w, b, c):
+        return op.Mul(op.Add(op.MatMul(x, w, _name="node"), b), c)
+
+    def check(self, node, x, w, b, c):
+        # No rank check: b·c keeps every axis that b and c bring to the output.
+        scale = _per_column(c, w, None)
+        if isinstance(scale, str):
+            return scale
+        if not b.is_constant:
+            return f"bias %{b.name} is not a constant"
+        return _unsafe_scaling(w, scale, np.zeros(1), b)
+
+    def rewrite(self, op, node, x, w, b, c):
+        dtype = w.constant().dtype
+        weight = (_f64(w) * _per_column(c, w, None)).astype(dtype)
+        bias = (_f64(b) * c.constant().astype(np.float64)).astype(dtype)
+        return op.Add(op.MatMul(x, op.const(weight, f"{w.name}_fused")),
+                      op.const(bias, f"{w.name}_b"))
+
+
 def _padded(op):
     return op.Pad(Var("x"), Optional(Var("pads")), Optional(Var("value")),
                   Optional(Var("axes")), _name="pad")
@@ -464,7 +531,8 @@ class FuseConvBatchNorm(RulePass):
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
     rules = (PadConv, PadAveragePool, PadMaxPool, ConvCropPads, ConvBatchNorm, ConcatBatchNorm,
              ConvTransposeBatchNorm, GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm,
-             MatMulReshapeBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale)
+             MatMulReshapeBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale, MatMulMulScale,
+             MatMulAddMulScale)
 
 
 __all__ = ["FuseConvBatchNorm"]
