@@ -280,9 +280,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         hints += _before_command_hints(command, extra,
                                        sys.argv[1:] if argv is None else argv, args.command)
         hints += _other_meaning_hints(args.command, extra)
+        hints += _command_as_option_hints(parser.commands, args.command, extra)
         command.error(f"unrecognized arguments: {' '.join(extra)}"
                       + (f" ({'; '.join(hints)})" if hints else ""))
     return args
+
+
+def _command_as_option_hints(commands, name, extra: list[str]) -> list[str]:
+    """Another command given as an option (`optimize … --report`): it runs on its own."""
+    hints = []
+    for text in extra:
+        word = text.lstrip("-").split("=")[0]
+        if text.startswith("--") and word in commands and word != name:
+            hints.append(f"{word} is a command of its own: graphopt {word} --help")
+    return hints
 
 
 def _other_meaning_hints(name: str, extra: list[str]) -> list[str]:

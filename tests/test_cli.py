@@ -1396,7 +1396,9 @@ def test_words_that_mean_something_else_here_say_what_to_use(tmp_path, capsys):
     for argv, hint in ((["calibrate", "model.onnx"], "INT8 calibration is graphopt optimize "
                         "MODEL -o OUT --quantize int8 --calibration DATA.npz"),
                        (["run", "model.om", "-o", "y.npz"],
-                        "run writes the outputs with --outputs FILE.npz")):
+                        "run writes the outputs with --outputs FILE.npz"),
+                       (["optimize", "model.onnx", "-o", "m.om", "--report"],
+                        "report is a command of its own: graphopt report --help")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         err = capsys.readouterr().err
