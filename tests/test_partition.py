@@ -249,8 +249,12 @@ def test_reason_counts_name_the_commonest_kinds_first():
         + [(node("Where"), "no npu kernel for Where inside If")] \
         + [(node("Cast"), "dtype float64 of %c: Cast takes float16, float32")]
     partitioning = SimpleNamespace(fallbacks=lambda: reasons)
-    assert reason_counts(partitioning) == ("3 returned by the cost model, 2 dynamic shape, "
-                                           "1 no npu kernel for RNN, 2 for other reasons")
+    assert reason_counts(partitioning) == ("3 returned by the cost model, 2 no npu kernel for "
+                                           "RNN, Where, 2 dynamic shape, 1 for other reasons")
+    # Every op without a kernel is named, the commonest first, however many kinds there are.
+    reasons += [(node("Loop"), "no npu kernel for Loop")] * 4
+    assert reason_counts(partitioning, shown=1) == ("6 no npu kernel for Loop ×4, RNN, Where, "
+                                                    "6 for other reasons")
     # A dtype no kernel takes is named with the op: a float64 model's MatMuls say so.
     assert reason_counts(partitioning, shown=6).endswith(", 1 Cast in float64")
 

@@ -157,22 +157,31 @@ _SHAPE_FOLDS = frozenset({"FoldShapes", "FoldConstants"})
 
 def reason_counts(partitioning: Partitioning, shown: int = 3) -> str:
     """The fallback reasons in a few words each, the commonest first, with how many nodes each
-    sent to the host: `3 returned by the cost model, 1 no npu kernel for LSTM`."""
+    sent to the host: `3 returned by the cost model, 2 no npu kernel for LSTM, Loop`. Ops
+    without a kernel are one kind, listed by their counts, so that none hides among the rest."""
     kinds: Counter = Counter()
+    missing: dict[str, Counter] = {}  # "no npu kernel" -> the ops it was missing for
     for node, reason in partitioning.fallbacks():
         if reason.startswith("returned"):
             kinds["returned by the cost model"] += 1
         elif reason.startswith("dynamic shape"):
             kinds["dynamic shape"] += 1
         elif " kernel for " in reason:
-            kinds[reason.split(" inside ")[0]] += 1
+            kind, op = reason.split(" inside ")[0].split(" for ", 1)
+            kinds[kind] += 1
+            missing.setdefault(kind, Counter())[op] += 1
         elif reason.startswith("dtype "):  # `dtype float64 of %x: MatMul takes …`
             kinds[f"{node.qualified_op} in {reason.split()[1]}"] += 1
         else:  # a dtype, rank or attribute limit: the op's name says more than the value's
             kinds[f"{node.qualified_op} beyond the kernel's limits"] += 1
-    parts = [f"{count} {kind}" for kind, count in kinds.most_common(shown)]
+    parts = [f"{count} {kind}" + (f" for {_op_counts(missing[kind])}" if kind in missing else "")
+             for kind, count in kinds.most_common(shown)]
     rest = sum(count for _, count in kinds.most_common()[shown:])
     return ", ".join(parts) + (f", {rest} for other reasons" if rest else "")
+
+
+def _op_counts(ops: Counter) -> str:
+    return ", ".join(op if n == 1 else f"{op} ×{n}" for op, n in ops.most_common())
 
 
 def returned_note(partitioning: Partitioning) -> str:
