@@ -275,6 +275,27 @@ def _schema_problem(node: Node, ctx) -> str | None:
     """Why `node` does not fit its ONNX schema at the model's opset, or None. Passes and
     onnxruntime rely on what the schema promises: an attribute of the declared type, the
     inputs a kernel reads."""
+    problem = _schema_mismatch(node, ctx)
+    unknown = "Unrecognized attribute: "
+    if problem is None or not problem.startswith(unknown) or node.domain not in ("", "ai.onnx"):
+        return problem
+    return problem + _later_attribute(node.op_type, problem[len(unknown):].split()[0],
+                                      ctx.opset_imports.get("", 1))
+
+
+def _later_attribute(op_type: str, name: str, opset: int) -> str:
+    """Where a later opset gives `op_type` the attribute `name` (an exporter that writes
+    Split-18's num_outputs into an opset-17 model), how to read it; else ''."""
+    for version in range(opset + 1, onnx.defs.onnx_opset_version() + 1):
+        known = _schema_attributes(op_type, version)
+        if known is not None and name in known:
+            since = onnx.defs.get_schema(op_type, version, "").since_version
+            return (f" (it came with {op_type}-{since}, and the model imports opset {opset}: "
+                    f"export it at opset {since} or later)")
+    return ""
+
+
+def _schema_mismatch(node: Node, ctx) -> str | None:
     domain = "" if node.domain == "ai.onnx" else node.domain
     proto = NodeProto(op_type=node.op_type, domain=domain, name=node.name)
     proto.input.extend(v.name if v is not None else "" for v in node.inputs)

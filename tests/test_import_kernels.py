@@ -331,6 +331,17 @@ def test_an_unknown_attribute_the_checker_lets_through_is_refused(attribute):
         graphopt.optimize(model)
 
 
+def test_an_attribute_of_a_later_opset_says_which():
+    # torch's dynamo exporter at opset 17 writes chunk() as Split with num_outputs, which
+    # came with Split-18: onnx's message alone did not say why the attribute was unknown.
+    model = parse_model("g (float[4] x) => (float[2] a, float[2] b) "
+                        "{ a, b = Split <axis = 0, num_outputs = 2> (x) }")
+    with pytest.raises(GraphoptError, match=r"Unrecognized attribute: num_outputs for operator "
+                                            r"Split \(it came with Split-18, and the model "
+                                            r"imports opset 17: export it at opset 18 or later\)"):
+        graphopt.optimize(model)
+
+
 def test_an_output_declared_with_another_type_than_its_op_writes_is_refused():
     # skl2onnx declares a float64 tree's output double (at ai.onnx.ml 1, which ONNX's
     # inference does not type); TreeEnsembleRegressor always writes float, and onnxruntime
