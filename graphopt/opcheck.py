@@ -392,6 +392,7 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
     values no kernel can honor (kernel_shape -1, pads of the wrong length, a perm that is not a
     permutation) are the input's fault, and are better reported now than by the .om's loader."""
     from graphopt.passes.infer_shapes import inferred_types, weightless_proto
+    from graphopt.passes.ml_types import declare_spec_types
 
     proto = weightless_proto(model, value_infos=False)
     # Unnamed nodes get a name for the error to give, mapped back to how messages name them.
@@ -417,6 +418,8 @@ def check_inference(model: Model, label: str) -> dict[str, bytes] | None:
         for output in graph.output:
             if output.type.HasField("tensor_type") and output.name not in inputs:
                 output.type.tensor_type.ClearField("shape")
+    for graph in _graphs(proto.graph):
+        declare_spec_types(graph)  # after the value infos went: none crash inference
     if any(n.domain == _RUNTIME_ONLY for g in _graphs(proto.graph) for n in g.node):
         proto.opset_import.add(domain=_RUNTIME_ONLY, version=1)
     try:

@@ -659,6 +659,46 @@ def test_an_l2_normalizers_input_is_written_without_its_shape():
     np.testing.assert_allclose(got.reshape(-1), expected, rtol=1e-5, atol=1e-6)
 
 
+_LABELLED_SCORES = """
+import onnx
+from onnx import TensorProto as T, helper as h
+from graphopt.compiler import optimize
+
+ml = "ai.onnx.ml"
+first = ({op!r} == "Scaler" and h.make_node("Scaler", ["x"], ["d"], domain=ml,
+                                            offset=[0.5, 0.0], scale=[2.0, 1.0])
+         or h.make_node("TreeEnsembleRegressor", ["x"], ["d"], domain=ml, n_targets=1,
+                        nodes_featureids=[0, 0, 0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"],
+                        nodes_nodeids=[0, 1, 2], nodes_treeids=[0, 0, 0],
+                        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+                        nodes_values=[0.5, 0.0, 0.0], target_ids=[0, 0],
+                        target_nodeids=[1, 2], target_treeids=[0, 0],
+                        target_weights=[1.0, 2.0]))
+label = h.make_node("LabelEncoder", ["d"], ["s"], domain=ml, keys_floats=[1.0, 2.0],
+                    values_strings=["one", "two"], default_string="?")
+graph = h.make_graph([first, label], "g", [h.make_tensor_value_info("x", T.FLOAT, [None, 2])],
+                     [h.make_tensor_value_info("s", T.STRING, [None, 1])])
+proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(ml, 2)],
+                     ir_version=8)
+onnx.save(proto, {path!r})  # a file: the import check runs strict inference on it
+print(optimize({path!r}, verify=True).max_abs_error)
+"""
+
+
+@pytest.mark.parametrize("op", ["TreeEnsembleRegressor", "Scaler"])
+def test_a_label_encoder_reading_an_ml_output_onnx_leaves_untyped_compiles(op, tmp_path):
+    # scikit-learn's RandomForest exported with decision_path=True: onnx 1.23's inference
+    # died of SIGSEGV on the LabelEncoder, killing the compile without a word (exit 139). A
+    # child process, so that a crash fails this test rather than ending the session.
+    import subprocess
+    import sys
+
+    script = _LABELLED_SCORES.format(op=op, path=str(tmp_path / "labels.onnx"))
+    done = subprocess.run([sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
 def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
     """A model onnxruntime's optimizer saved declares its contrib outputs with symbolic dims
     ("unk__3"); pinned inputs make them static, and the values after them too."""

@@ -13,7 +13,7 @@ from graphopt.ir.onnx_export import to_onnx
 from graphopt.ir.onnx_io import graph_protos, read_type
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
-from graphopt.passes.ml_types import ML_TYPED_BY_RULE
+from graphopt.passes.ml_types import ML_TYPED_BY_RULE, declare_spec_types
 from graphopt.passes.qlinear_types import QLINEAR_TYPED_BY_RULE, broadcast_shape
 from graphopt.protowire import varint
 from graphopt.warning_scope import warnings_as
@@ -41,6 +41,8 @@ def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
     _hide_long_ranges(proto.graph)
     if value_infos:
         hide_from_inference(model, proto)
+    for graph in graph_protos(proto.graph):
+        declare_spec_types(graph)
     return proto
 
 

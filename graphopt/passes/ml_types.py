@@ -61,3 +61,35 @@ ML_TYPED_BY_RULE = {
     "LinearClassifier": _classifier,
     "SVMClassifier": _classifier,
 }
+
+
+# The element types the spec fixes for outputs ONNX's inference leaves untyped, by op:
+# (output index, dtype); a classifier's labels take the type of its class label list.
+_SPEC_DTYPES = {"Normalizer": ((0, DType.FLOAT),), "Scaler": ((0, DType.FLOAT),),
+                "LinearRegressor": ((0, DType.FLOAT),),
+                "TreeEnsembleRegressor": ((0, DType.FLOAT),), "SVMRegressor": ((0, DType.FLOAT),),
+                "TreeEnsembleClassifier": ((1, DType.FLOAT),),
+                "LinearClassifier": ((1, DType.FLOAT),), "SVMClassifier": ((1, DType.FLOAT),)}
+
+
+def declare_spec_types(graph) -> None:
+    """Declare, in an onnx GraphProto about to go through ONNX's shape inference, the element
+    type of each output of the ai.onnx.ml ops in _SPEC_DTYPES that the graph leaves untyped.
+    onnx 1.23's inference dereferences a null type where a LabelEncoder reads such an output
+    (a scikit-learn RandomForest exported with decision_path=True): the process died of
+    SIGSEGV, with no message, where onnxruntime runs the model."""
+    from onnx import helper
+
+    known = {info.name for info in (*graph.input, *graph.output, *graph.value_info)}
+    for node in graph.node:
+        if node.domain != "ai.onnx.ml" or node.op_type not in _SPEC_DTYPES:
+            continue
+        typed = list(_SPEC_DTYPES[node.op_type])
+        if node.op_type.endswith("Classifier"):
+            strings = any(a.name == "classlabels_strings" for a in node.attribute)
+            typed.append((0, DType.STRING if strings else DType.INT64))
+        for index, dtype in typed:
+            name = node.output[index] if index < len(node.output) else ""
+            if name and name not in known:
+                graph.value_info.append(helper.make_tensor_value_info(name, int(dtype), None))
+                known.add(name)
