@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from graphopt.codegen.om_manifest import dtype_from_name, dtype_name
+from graphopt.codegen.plain_feeds import only_str
 from graphopt.errors import GraphoptError, InputError
 from graphopt.input_files import refuse_device
 
@@ -341,7 +342,7 @@ def check_strings(array: np.ndarray, where: str) -> None:
     hint = "give str, decoded from UTF-8 (np.char.decode(array, 'utf-8'))"
     if array.dtype.kind == "S":
         raise InputError(f"{where} takes strings, not bytes (dtype {array.dtype}): {hint}")
-    if array.dtype.kind == "O":
+    if array.dtype.kind == "O" and not only_str(array):
         for index, item in enumerate(array.flat):
             if not isinstance(item, str):
                 raise InputError(f"{where} takes strings; element {index} is of type "
