@@ -55,6 +55,8 @@ def model_facts(proto: onnx.ModelProto) -> ModelFacts:
 def output_kind(name: str, array: np.ndarray, facts: ModelFacts, feeds: dict) -> str:
     """"lm", "classifier", "segmentation" or "tensor" for the output `name` holding `array`
     (as the reference computed it on `feeds`)."""
+    # Sequence (list) and empty optional (None) feeds have no shape to match outputs against.
+    feeds = {k: v for k, v in feeds.items() if isinstance(v, np.ndarray)}
     if array.dtype.kind == "f" and array.ndim == 4:
         return "segmentation" if _per_pixel_scores(name, array, facts, feeds) else "tensor"
     if array.dtype.kind != "f" or array.ndim not in (2, 3) or array.shape[-1] < 2:

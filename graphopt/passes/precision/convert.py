@@ -271,12 +271,20 @@ class ConvertPrecision(Pass):
         hosted = {id(sub): node.qualified_op for node in model.graph
                   if host is not None and node.subgraphs() and support.on_host(node)
                   for top in node.subgraphs() for sub in top.all_graphs()}
+        # SequenceMap's body, which onnxruntime expands as a function: an op it would expand
+        # from its own function body in half (Relu, Softmax, Elu…) then fails to load.
+        expanded = {id(sub) for node in model.graph.all_nodes()
+                    if node.op_type == "SequenceMap" and node.is_onnx
+                    for top in node.subgraphs() for sub in top.all_graphs()}
         choices = []
         for graph in list(model.graph.all_graphs()):
             graph.sort()
             holder = hosted.get(id(graph))
             decider.support = support if holder is None else host
             decider.where = "" if holder is None else f" (inside {holder}, on the host)"
+            if id(graph) in expanded:
+                decider.support = decider.support.inside_function_body()
+                decider.where = decider.where or " (inside SequenceMap)"
             chosen = _choose(graph, model, decider, kept_by_schema, untyped, kept_int8)
             chosen, dropped = drop_sandwiched(
                 chosen, decider.half_values, lambda node: _listed(node, options.precision_allow))

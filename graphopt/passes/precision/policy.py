@@ -24,6 +24,7 @@ dtype. The lists are checked before the pass runs.
 
 from __future__ import annotations
 
+import copy
 import functools
 
 from graphopt.codegen.om_manifest import dtype_name
@@ -198,6 +199,15 @@ class Support:
         if target.host != target.primary:
             self.devices.append(target.device(target.host))
         self.emulated: set[str] = set()
+        # Inside a body onnxruntime inlines as a function (SequenceMap's), an op it would expand
+        # from its own function body in half fails to load (a nested expansion).
+        self.no_expansion = False
+
+    def inside_function_body(self) -> "Support":
+        """This support for the body of an op onnxruntime expands from its function body."""
+        inner = copy.copy(self)
+        inner.no_expansion = True
+        return inner
 
     def host_only(self) -> "Support | None":
         """This support with the host's kernels alone, for the bodies of control flow the
@@ -235,14 +245,17 @@ class Support:
         if any(self._native(device, node, name, slots) for device in self.devices
                if not (gap and device.kernel_source == "onnxruntime")):
             return True
-        if _expanded_by_onnxruntime(node, self.devices):
+        expands = bool(self.opset) and node.is_onnx and expandable(node.op_type, "", self.opset)
+        if self.no_expansion:
+            if expands:
+                return False  # onnxruntime would expand it, nested in the body's own expansion
+        elif _expanded_by_onnxruntime(node, self.devices):
             return True
         # Not an output whose dtype an attribute sets (HannWindow's output_datatype, EyeLike's
         # dtype): the kernel is looked up by that dtype, and fails.
         if gap or float_dtype_attrs(node, None):
             return False
-        if dtype == DType.FLOAT16 and self.opset and node.domain in ("", "ai.onnx") \
-                and expandable(node.op_type, "", self.opset) \
+        if dtype == DType.FLOAT16 and expands \
                 and any(device.kernel_source == "onnxruntime" for device in self.devices):
             # No half kernel: onnxruntime expands the op from its ONNX function body rather
             # than cast around its float32 kernel, and that body must type-check in half.
