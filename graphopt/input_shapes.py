@@ -159,6 +159,16 @@ def check_pins_fit_feeds(shapes: dict[str, list[int]], feeds: dict, where: str) 
                               f"{where} gives it shape {got}")
 
 
+_CONTAINERS = {"sequence_type": "a sequence", "optional_type": "an optional",
+               "map_type": "a map", "sparse_tensor_type": "a sparse tensor"}
+
+
+def container_kind(value) -> str:
+    """'a sequence', 'an optional'…, for an input of such a type; '' for a tensor."""
+    tp = value.type_proto
+    return _CONTAINERS.get(tp.WhichOneof("value"), "") if tp is not None else ""
+
+
 def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
     """Fix the given inputs' dims; a symbolic dim pinned once is pinned wherever it appears, so
     the pin propagates to the other inputs, the outputs and every inferred intermediate."""
@@ -171,6 +181,11 @@ def pin_input_shapes(model: Model, shapes: dict[str, list[int]]) -> None:
     frames = inserted_preprocessing(model.metadata_props).keys() & shapes.keys()
     signature = [{"name": name, "shape": value.shape} for name, value in inputs.items()]
     check_pins({name: shapes[name] for name in shapes.keys() - frames}, signature, "the model")
+    for name in shapes:
+        kind = container_kind(inputs[name])
+        if kind:  # a compile's pin would size nothing: its type holds the element's shape
+            raise OptionError(f"{option('input_shapes')}: input '{name}' is {kind}, not a "
+                              "tensor: only tensor inputs can be pinned")
     try:
         check_pins({name: shapes[name] for name in frames}, signature,
                    f"{option('insert_op_conf')}'s uint8 frame")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from graphopt.codegen.profile_match import dims_label
 from graphopt.errors import OptionError
+from graphopt.input_shapes import container_kind
 from graphopt.option_names import option
 from graphopt.ir import Model
 
@@ -130,7 +131,10 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
                           f"the combinations of DIM:V1,V2 and the listed DIM=V form alike): "
                           f"{fewer}")
     found = dynamic_dims(model)
-    unranked = [v.name for v in model.graph.inputs if not v.is_constant and v.shape is None]
+    # name -> "" for a tensor of unknown rank, or what else it is ("a sequence": dims of the
+    # tensors it holds, which no key names either)
+    unranked = {v.name: container_kind(v) for v in model.graph.inputs
+                if not v.is_constant and v.shape is None}
     keys = list(dict.fromkeys(k for combo in combos for k in combo))
     fixed = {(v.name, axis): dim for v in model.graph.inputs if not v.is_constant and v.shape
              for axis, dim in enumerate(v.shape) if isinstance(dim, int)}
@@ -160,7 +164,7 @@ def expand_profiles(model: Model, spec, label: str = "<model>") -> list[ShapePro
 
 
 def _places(key: str, found: dict[str, list[tuple[str, int]]], label: str,
-            unranked: list[str], fixed: dict | None = None) -> list[tuple[str, int]]:
+            unranked: dict[str, str], fixed: dict | None = None) -> list[tuple[str, int]]:
     """Where `key` (a symbolic name, or `input[axis]` for any dynamic dim) is in the inputs;
     `unranked` are the inputs without a shape, whose dims no key can name; `fixed`: the
     (input, axis) → size of the dims the model fixes, named as such."""
@@ -218,14 +222,18 @@ def _merge_same_dims(keys: list[str], places: dict[str, list[tuple[str, int]]],
     return kept
 
 
-def _describe(places: dict[str, list[tuple[str, int]]], unranked: list[str]) -> str:
+def _describe(places: dict[str, list[tuple[str, int]]], unranked: dict[str, str]) -> str:
     # An input without a shape has dims of its own, just none a key can name: it is not static.
     # The profiles are read off the model as given, so an --input-shape pin does not give
     # them dims to name: it gives one shape, for a compile of its own.
-    names = ", ".join(f"'{name}'" for name in unranked)
-    unknown = (f"input{'s' * (len(unranked) > 1)} {names} of unknown rank (no shape in the "
-               f"model), whose dims no key can name; {option('input_shapes')} can pin "
-               "a shape for one compile") if unranked else ""
+    tensors = [name for name, kind in unranked.items() if not kind]
+    names = ", ".join(f"'{name}'" for name in tensors)
+    notes = [f"input{'s' * (len(tensors) > 1)} {names} of unknown rank (no shape in the "
+             f"model), whose dims no key can name; {option('input_shapes')} can pin "
+             "a shape for one compile"] if tensors else []
+    notes += [f"input '{name}' is {kind}, whose tensors' dims no key can name"
+              for name, kind in unranked.items() if kind]
+    unknown = "; ".join(notes)
     if not places:
         return unknown or "its inputs are all static"
     where = [f"{key} ({', '.join(f'{n}[{a}]' for n, a in spots)})" for key, spots in places.items()]

@@ -334,3 +334,21 @@ def test_trtexec_spellings_of_shapes_get_the_atc_spelling_back():
         parse_input_shapes("a:2x8,b:2x4")
     # A TensorFlow export's tensor name keeps its ':0'.
     assert parse_input_shapes("input:0:1,3,8,8") == {"input:0": [1, 3, 8, 8]}
+
+
+def test_a_sequence_or_optional_input_is_not_pinned_and_says_so():
+    # --input-shape on a sequence was taken and ignored (the .om still held [2,n] tensors,
+    # whatever the pin gave, a wrong rank too), and --dynamic-dims called it of unknown rank.
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ConcatFromSequence", ["xs"], ["y"], axis=1)], "g",
+        [helper.make_tensor_sequence_value_info("xs", TensorProto.FLOAT, [2, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "m"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    with pytest.raises(GraphoptError, match="^input_shapes: input 'xs' is a sequence, not a "
+                                            "tensor: only tensor inputs can be pinned$"):
+        graphopt.optimize(model, input_shapes="xs:9,9,9")
+    with pytest.raises(GraphoptError, match=r"has no dynamic input dim 'n' \(input 'xs' is a "
+                                            r"sequence, whose tensors' dims no key can name\)"):
+        graphopt.optimize(model, dynamic_dims="n:3,5")
