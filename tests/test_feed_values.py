@@ -151,3 +151,15 @@ def test_providers_after_close_says_closed(tmp_path):
     session.close()
     with pytest.raises(GraphoptError, match="closed"):
         session.providers
+
+
+def test_a_float8_array_saved_as_it_is_says_how_to_store_it(tmp_path):
+    # numpy writes an ml_dtypes float8 array with the descriptor '<f1', which it cannot read
+    # back: its own message said nothing of what would work.
+    import ml_dtypes
+
+    np.savez(tmp_path / "f8.npz", x=np.ones(4, ml_dtypes.float8_e5m2))
+    with pytest.raises(InputError, match=r"descr is not a valid dtype descriptor: '<f1'; numpy "
+                                         r"reads no bfloat16 or float8 arrays back: store their "
+                                         r"raw bits, np\.savez\(path, x=array\.view"):
+        load_npz(str(tmp_path / "f8.npz"))

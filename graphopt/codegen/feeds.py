@@ -575,7 +575,11 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     except ValueError as exc:
         # numpy's message for object arrays mentions allow_pickle, a knob the user does not have.
         reason = "it holds object arrays, which would need unpickling" if "pickle" in str(exc) else exc
-        raise InputError(f"{path}: cannot read as .npz ({reason})") from None
+        hint = ""
+        if "dtype descriptor" in str(exc):  # an ml_dtypes array saved as it is: float8's '<f1'
+            hint = ("; numpy reads no bfloat16 or float8 arrays back: store their raw bits, "
+                    "np.savez(path, x=array.view(f'V{array.itemsize}')), as run --outputs does")
+        raise InputError(f"{path}: cannot read as .npz ({reason}{hint})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error, SyntaxError,
             tokenize.TokenError) as exc:  # the last two: a header numpy cannot parse
         raise InputError(f"{path}: cannot read as .npz ({exc})") from None
