@@ -107,6 +107,10 @@ def apply_io_types(model: Model, fp16_inputs: list[str] | None,
         said.append(f"output {name!r} is {_DTYPE_NAMES[dtype]}")
     model.metadata_props[IO_TYPES_KEY] = json.dumps(recorded, sort_keys=True)
     if not said:
+        if ALL in (output_types or {}) and not any(v.dtype in _DTYPE_NAMES for v in graph.outputs):
+            listed = ", ".join(f"{v.name!r} ({_dtype_text(v)})" for v in graph.outputs)
+            return (f"{option('output_type')}: the model has no float32 or float16 output to "
+                    f"change; nothing changed (its outputs: {listed})")
         return (f"{option('output_type')}: every output named already has that type; "
                 "nothing changed")
     return "; ".join(said)
@@ -116,6 +120,10 @@ _DTYPE_NAMES = {DType.FLOAT16: "float16", DType.FLOAT: "float32"}
 
 
 def _dtype_text(value: Value) -> str:
+    if value.type_proto is not None:  # a ZipMap's seq(map(int64,float32)), an optional…
+        from graphopt.ir.printer import format_type
+
+        return f"a {format_type(value)}, not a tensor"
     return value.dtype.name.lower() if value.dtype is not None else "untyped"
 
 
@@ -188,9 +196,11 @@ def _chosen_outputs(graph, output_types: dict[str, str], label: str, cut: list[s
                 raise OptionError(f"{label}: {option('output_type')} {said}: not an output of "
                                   "the model (--out-nodes makes a tensor one)")
             if value.dtype not in _DTYPE_NAMES:
+                before = (f" ({option('out_nodes')} can make the tensor it is built from an "
+                          "output)") if value.type_proto is not None else ""
                 raise OptionError(f"{label}: {option('output_type')} {said}: the output is "
                                   f"{_dtype_text(value)}; only float32 and float16 outputs "
-                                  "change type")
+                                  f"change type{before}")
             if value.is_input:
                 raise OptionError(f"{label}: {option('output_type')} {said}: the output is "
                                   "also an input of the model")

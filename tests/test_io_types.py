@@ -314,3 +314,36 @@ def test_a_type_for_every_output_given_twice_is_refused():
     with pytest.raises(OptionError) as refused:
         graphopt.optimize(_classifier(), output_type="FP16;FP32")
     assert "output_type: a type for every output given twice" in str(refused.value)
+
+
+def _zipmap_classifier() -> onnx.ModelProto:
+    from onnx import helper as h
+
+    ml = "ai.onnx.ml"
+    linear = h.make_node("LinearClassifier", ["x"], ["label", "scores"], domain=ml,
+                         classlabels_ints=[0, 1], coefficients=[1.0, -1.0, -1.0, 1.0],
+                         intercepts=[0.0, 0.0])
+    zipmap = h.make_node("ZipMap", ["scores"], ["probabilities"], domain=ml,
+                         classlabels_int64s=[0, 1])
+    map_type = h.make_map_type_proto(onnx.TensorProto.INT64,
+                                     h.make_tensor_type_proto(onnx.TensorProto.FLOAT, None))
+    graph = h.make_graph([linear, zipmap], "g",
+                         [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, 2])],
+                         [h.make_tensor_value_info("label", onnx.TensorProto.INT64, [None]),
+                          h.make_value_info("probabilities", h.make_sequence_type_proto(map_type))])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid(ml, 1)],
+                        ir_version=8)
+
+
+def test_a_zipmap_output_is_named_for_what_it_is():
+    # "every output named already has that type", and "the output is untyped", of a
+    # scikit-learn classifier's seq(map(int64, float)) probabilities.
+    result = graphopt.optimize(_zipmap_classifier(), output_type="FP16")
+    assert ("output_type: the model has no float32 or float16 output to change; nothing changed "
+            "(its outputs: 'label' (int64), 'probabilities' (a seq(map(i64,f32)), not a tensor))"
+            ) in result.notes
+    with pytest.raises(OptionError, match=r"'probabilities': the output is a seq\(map\(i64,f32\)\)"
+                                          r", not a tensor; only float32 and float16 outputs "
+                                          r"change type \(out_nodes can make the tensor it is "
+                                          r"built from an output\)"):
+        graphopt.optimize(_zipmap_classifier(), output_type="probabilities:FP16")
