@@ -86,7 +86,8 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         try:
             feeds = numerics.random_feeds(original, seed=0, shapes=options.input_shapes)
         except ValueError as e:
-            raise VerificationError(f"{option('verify')}: {e} (give {option('inputs')})") from None
+            hint = "" if isinstance(e, numerics.NoTensorFeed) else f" (give {option('inputs')})"
+            raise VerificationError(f"{option('verify')}: {e}{hint}") from None
         except InputError as e:  # an input past numpy's rank, which no --inputs holds either
             raise InputError(f"{option('verify')}: {e}") from None
     else:  # a file that does not fit is the file's fault, not the model's

@@ -267,7 +267,15 @@ def _random_held(info: onnx.ValueInfoProto, rng: np.random.Generator,
     try:
         return random_value(entry, rng)
     except InputError as exc:
-        raise ValueError(f"{exc}; pass explicit inputs") from None
+        if entry.get("type", "").startswith("optional"):  # an .npz holds the tensor it holds
+            raise ValueError(f"{exc}; pass explicit inputs") from None
+        raise NoTensorFeed(f"{exc}; pass explicit inputs from Python (a dict or a list where "
+                           "the input takes one), since an .npz holds tensors only") from None
+
+
+class NoTensorFeed(ValueError):
+    """random_feeds cannot make a value for an input no .npz can hold either (a map, or a
+    sequence of tensors without a static shape)."""
 
 
 def run(model: ModelProto | bytes, feeds: dict[str, Any], level: str = "disable",

@@ -440,3 +440,20 @@ def test_shape_profiles_with_a_sequence_input(tmp_path):
     with pytest.raises(GraphoptError, match=r"input shapes x\[3, 2\] fit none of the model's 2 "
                                             r"shape profiles"):
         session.run({"x": X[:3], "s": sequence})
+
+
+def test_verify_of_a_map_input_points_to_python_not_to_an_npz(tmp_path, capsys):
+    # A DictVectorizer's map input: --verify said "give --inputs", which no .npz can answer.
+    model = _model([h.make_node("DictVectorizer", ["d"], ["v"], domain="ai.onnx.ml",
+                                string_vocabulary=["a", "b"])],
+                   [h.make_value_info("d", h.make_map_type_proto(
+                       T.STRING, h.make_tensor_type_proto(T.FLOAT, [])))],
+                   [h.make_tensor_value_info("v", T.FLOAT, [1, 2])],
+                   opsets=(("", 18), ("ai.onnx.ml", 1)))
+    source = tmp_path / "dv.onnx"
+    onnx.save(model, source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "dv.om", "--verify")
+    assert rc == 1 and "input 'd' is a map(string,float32), so random data cannot be made for " \
+        "it; pass explicit inputs from Python" in err and "--inputs" not in err, err
+    result = graphopt.optimize(str(source), verify=True, inputs={"d": {"a": 1.0, "b": 2.0}})
+    assert result.max_abs_error == {"v": 0.0}
