@@ -24,7 +24,8 @@ from graphopt.passes.instruments import start_profile_dumps
 from graphopt.quant.calib_data import (CalibrationShapeError, calibration_label,
                                        profile_samples, unused_files)
 from graphopt.quant.shared_stats import SharedStats
-from graphopt.shape_profiles import ShapeProfile, dynamic_dims, expand_profiles
+from graphopt.shape_profiles import (ShapeProfile, dynamic_dims, expand_profiles,
+                                     parse_dynamic_dims)
 from graphopt.source_edits import edit_source
 from graphopt.source_marks import frames_hint, inserted_preprocessing
 
@@ -117,6 +118,11 @@ def _optimize_profiles(model, spec, options: dict):
                 raise _in_profile(exc, profile) from None
             # until a profile the data fits has measured
             waiting.append((profile, run, exc, elsewhere))
+        except GraphoptError as exc:
+            hint = _agreeing_dims_hint(spec, exc)
+            if not hint:
+                raise
+            raise type(exc)(f"{exc}{hint}") from None
     if waiting and not shared.ready:
         # Named by the profile the data came closest to fitting: a folder of prefill and
         # decode samples misses the prefill profile at its first input, whatever the fault
@@ -179,6 +185,23 @@ def _compile(optimize, model, run: dict, profile: ShapeProfile, shared: SharedSt
         raise _in_profile(exc, profile) from None
     finally:
         INPUTS_FIT_OTHER_PROFILES.reset(token)
+
+
+def _agreeing_dims_hint(spec, exc: GraphoptError) -> str:
+    """For every combination of several dims (`DIM:V1,V2;…`) where the model refuses one: the
+    listed form, which pairs the values instead. A scikit-learn pipeline's column inputs each
+    have a batch dim of their own, unnamed, and every pairing of unequal sizes is refused."""
+    if isinstance(spec, str):
+        spec = parse_dynamic_dims(spec)
+    refused = any(text in str(exc) for text in ("shape inference refuses", "ShapeInferenceError"))
+    if not isinstance(spec, dict) or len(spec) < 2 or not refused:
+        return ""
+    values = [list(v) if isinstance(v, (list, tuple)) else [v] for v in spec.values()]
+    count = min(map(len, values))
+    listed = ";".join(",".join(f"{key}={vals[i]}" for key, vals in zip(spec, values))
+                      for i in range(count))
+    return (f" (every combination of the dims' values is a profile: where those dims must "
+            f"agree, list the profiles whole, as {option('dynamic_dims')} \"{listed}\")")
 
 
 def _label(profile: ShapeProfile) -> str:

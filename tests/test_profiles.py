@@ -993,3 +993,23 @@ def test_a_profile_whose_seeded_inputs_leave_another_batch_at_1_names_it(tmp_pat
                                                 r"sizes for those dims with dynamic_dims\)"):
         graphopt.optimize(model, dynamic_dims="Na:1,2", verify=True)
     graphopt.optimize(model, dynamic_dims="Na=1,Nb=1;Na=2,Nb=2", verify=True)  # both sized
+
+
+def test_crossed_dims_the_model_needs_equal_suggest_the_listed_form():
+    # A scikit-learn pipeline's columns each have an unnamed batch dim: every combination of
+    # two sizes makes profiles (1, 2) and (2, 1), which the model refuses.
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["a", "b"], ["y"], axis=1)], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [None, 1]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(GraphoptError, match=r"every combination of the dims' values is a "
+                                            r"profile: where those dims must agree, list the "
+                                            r"profiles whole, as dynamic_dims "
+                                            r"\"a\[0\]=1,b\[0\]=1;a\[0\]=2,b\[0\]=2\"\)$"):
+        graphopt.optimize(model, dynamic_dims="a[0]:1,2;b[0]:1,2")
+    listed = graphopt.optimize(model, dynamic_dims="a[0]=1,b[0]=1;a[0]=2,b[0]=2")
+    assert len(listed.profiles) == 2
