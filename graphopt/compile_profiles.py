@@ -194,14 +194,17 @@ def _agreeing_dims_hint(spec, exc: GraphoptError) -> str:
     if isinstance(spec, str):
         spec = parse_dynamic_dims(spec)
     refused = any(text in str(exc) for text in ("shape inference refuses", "ShapeInferenceError"))
-    if not isinstance(spec, dict) or len(spec) < 2 or not refused:
+    if not isinstance(spec, dict) or not refused:
         return ""
     values = [list(v) if isinstance(v, (list, tuple)) else [v] for v in spec.values()]
-    count = min(map(len, values))
-    listed = ";".join(",".join(f"{key}={vals[i]}" for key, vals in zip(spec, values))
-                      for i in range(count))
+    # The sizes every dim lists, in the first dim's order: the profiles that pair them.
+    common = [v for v in dict.fromkeys(values[0]) if all(v in other for other in values[1:])]
+    if sum(len(set(v)) > 1 for v in values) < 2 or not common:
+        return ""  # no two dims cross several sizes, or no size is theirs alike
+    listed = ";".join(",".join(f"{key}={size}" for key in spec) for size in common)
     return (f" (every combination of the dims' values is a profile: where those dims must "
-            f"agree, list the profiles whole, as {option('dynamic_dims')} \"{listed}\")")
+            f"agree, list the profiles whole, pairing the sizes every dim lists, as "
+            f"{option('dynamic_dims')} \"{listed}\")")
 
 
 def _label(profile: ShapeProfile) -> str:

@@ -163,3 +163,19 @@ def test_a_float8_array_saved_as_it_is_says_how_to_store_it(tmp_path):
                                          r"reads no bfloat16 or float8 arrays back: store their "
                                          r"raw bits, np\.savez\(path, x=array\.view"):
         load_npz(str(tmp_path / "f8.npz"))
+
+
+def test_str_subclass_elements_reach_the_model_as_the_str_they_hold(tmp_path):
+    # onnxruntime takes each element's str(): a (str, Enum) member reached the model as
+    # 'Color.RED', and in a list numpy read it as 'Colo'.
+    import enum
+
+    class Color(str, enum.Enum):
+        RED = "red"
+        BLUE = "blue"
+
+    _, om = _identity(tmp_path, TensorProto.STRING, ["N"])
+    session = graphopt.load(om)
+    for feed in (np.array([Color.RED, Color.BLUE], dtype=object), [Color.RED, Color.BLUE],
+                 np.array([np.str_("red"), "blue"], dtype=object)):
+        assert session.run({"x": feed})["y"].tolist() == ["red", "blue"], feed

@@ -521,6 +521,46 @@ def test_a_layer_scale_of_a_computed_weight_or_scale_stays():
              "is not finite")
 
 
+def _fp16_layer_scale(gamma: float) -> onnx.ModelProto:
+    """A float16 Linear times a LayerScale γ, ConvNeXt's (its initial γ is 1e-6)."""
+    rng = np.random.default_rng(1)
+    return _model("""
+        g (float16[4, 64] x, float16[64, 32] w, float16[32] b, float16[32] c) => (float16[4, 32] y) {
+            m = MatMul(x, w)
+            a = Add(m, b)
+            y = Mul(a, c)
+        }""", w=(0.02 * rng.standard_normal((64, 32))).astype(np.float16),
+        b=(0.02 * rng.standard_normal(32)).astype(np.float16), c=np.full(32, gamma, np.float16))
+
+
+def test_a_layer_scale_that_would_sink_float16_weights_stays():
+    # W·γ in float16 flushed to 0 or kept a few bits: 0.79 off at γ = 1e-6 where the unfused
+    # (x·W)·γ is 6e-3 off; float32 weights a later --precision fp16 converts alike.
+    _refuses(_fp16_layer_scale(1e-6), "MatMulAddMulScale",
+             "a column of the scaled weights would fall below float16's normal range")
+    _fires(_fp16_layer_scale(0.5), "MatMulAddMulScale", ["MatMul", "Add"])
+    proto = _layer_scale((6,), c=np.full(6, 1e-6, np.float32))
+    _fires(proto, "MatMulMulScale", ["MatMul"])  # float32 keeps such weights normal
+    model = load_onnx(proto)
+    infer_shapes(model)
+    for options in (Options(precision="fp16"), Options(precision="mixed-fp16")):
+        result = conv_bn.FuseConvBatchNorm().run(model, PassContext(options))
+        assert not result.changed, options.precision
+
+
+def test_a_layer_scale_stays_in_an_int8_compile_for_an_npu():
+    # The NPU's int8 MatMul weight takes one scale per tensor (AMCT), which a per-column γ
+    # spanning decades coarsens: 0.035 → 1.02 mean error on the small-γ columns.
+    from graphopt.partition.target import load_target
+
+    model = load_onnx(_layer_scale((6,)))
+    infer_shapes(model)
+    ctx = PassContext(Options(quantize="int8"), target=load_target("ascend310"))
+    assert not conv_bn.FuseConvBatchNorm().run(model, ctx).changed
+    ctx = PassContext(Options(quantize="int8"), target=load_target("cpu"))
+    assert dict(conv_bn.FuseConvBatchNorm().run(model, ctx).stats) == {"MatMulMulScale": 1}
+
+
 # -- Pad into Conv / AveragePool ----------------------------------------------------------------
 
 PAD_INTO = """

@@ -699,6 +699,34 @@ def test_a_label_encoder_reading_an_ml_output_onnx_leaves_untyped_compiles(op, t
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
 
 
+def test_an_empty_string_label_list_leaves_a_classifier_int64_labels(tmp_path):
+    # onnxruntime takes an empty classlabels_strings as none and gives int64 labels; read as
+    # strings, the declared type made the import check refuse a model it runs.
+    ml = "ai.onnx.ml"
+    tree = helper.make_node(
+        "TreeEnsembleClassifier", ["x"], ["label", "scores"], domain=ml,
+        classlabels_int64s=[1, 2], nodes_featureids=[0, 0, 0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_nodeids=[0, 1, 2],
+        nodes_treeids=[0, 0, 0], nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+        nodes_values=[0.5, 0.0, 0.0], class_ids=[0, 1], class_nodeids=[1, 2],
+        class_treeids=[0, 0], class_weights=[1.0, 1.0])
+    tree.attribute.append(helper.make_attribute("classlabels_strings", [],
+                                                attr_type=onnx.AttributeProto.STRINGS))
+    after = [helper.make_node("Cast", ["label"], ["label64"], to=TensorProto.INT64),
+             helper.make_node("Add", ["label64", "label64"], ["y"])]
+    graph = helper.make_graph(
+        [tree, *after], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ml, 1)],
+                              ir_version=IR_VERSION)
+    x = np.array([[0.0, 0.0], [1.0, 0.0]], np.float32)
+    expected = numerics.run(proto, {"x": x})["y"]
+    onnx.save(proto, tmp_path / "tree.onnx")  # a file: the import check runs on it
+    compiled = optimize(str(tmp_path / "tree.onnx"), level=2).to_onnx()
+    np.testing.assert_array_equal(numerics.run(compiled, {"x": x})["y"], expected)
+
+
 def test_static_inputs_replace_a_contrib_outputs_declared_symbolic_dims():
     """A model onnxruntime's optimizer saved declares its contrib outputs with symbolic dims
     ("unk__3"); pinned inputs make them static, and the values after them too."""

@@ -658,6 +658,30 @@ def _sequence_map(body_op: str) -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=IR_VERSION)
 
 
+def test_a_sequence_map_body_gets_no_contrib_op_from_the_fusions():
+    # FuseActivation made the body's x·Sigmoid(x) a com.microsoft::QuickGelu, which onnxruntime
+    # has no float16 kernel for: expanded inside the expanded body, the fp16 .om did not load.
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    body = h.make_graph([h.make_node("Sigmoid", ["e"], ["s"]), h.make_node("Mul", ["e", "s"], ["r"])],
+                        "body", [h.make_tensor_value_info("e", T.FLOAT, None)],
+                        [h.make_tensor_value_info("r", T.FLOAT, None)])
+    graph = h.make_graph(
+        [h.make_node("SequenceMap", ["xs"], ["ys"], body=body),
+         h.make_node("ConcatFromSequence", ["ys"], ["cat"], axis=1)], "g",
+        [h.make_tensor_sequence_value_info("xs", T.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("cat", T.FLOAT, [2, 6])])
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=IR_VERSION)
+    feeds = {"xs": [RNG.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]}
+    for level in (2, 3):
+        result = compile_(proto, level=level, precision="fp16")
+        body_ops = [n.op_type for n in next(iter(result.model.graph)).subgraphs()[0]]
+        assert "QuickGelu" not in body_ops, body_ops
+        np.testing.assert_allclose(numerics.run(result.to_onnx(), feeds)["cat"],
+                                   numerics.run(proto, feeds)["cat"], rtol=5e-3, atol=5e-3)
+
+
 @pytest.mark.parametrize("body_op", ["Relu", "Softmax", "Sigmoid"])
 def test_a_sequence_map_body_keeps_what_onnxruntime_would_expand_in_half(body_op, tmp_path,
                                                                          capsys):

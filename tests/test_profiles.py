@@ -1008,8 +1008,12 @@ def test_crossed_dims_the_model_needs_equal_suggest_the_listed_form():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(GraphoptError, match=r"every combination of the dims' values is a "
                                             r"profile: where those dims must agree, list the "
-                                            r"profiles whole, as dynamic_dims "
+                                            r"profiles whole, pairing the sizes every dim lists, "
+                                            r"as dynamic_dims "
                                             r"\"a\[0\]=1,b\[0\]=1;a\[0\]=2,b\[0\]=2\"\)$"):
         graphopt.optimize(model, dynamic_dims="a[0]:1,2;b[0]:1,2")
+    with pytest.raises(GraphoptError) as refused:  # one size each: nothing to pair
+        graphopt.optimize(model, dynamic_dims="a[0]:2;b[0]:3")
+    assert "every combination" not in str(refused.value)
     listed = graphopt.optimize(model, dynamic_dims="a[0]=1,b[0]=1;a[0]=2,b[0]=2")
     assert len(listed.profiles) == 2

@@ -260,7 +260,9 @@ def as_array(name: str, value: Any, dtype: np.dtype | None = None,
     if value is None:  # numpy makes an object array of it, which read as a dtype mismatch
         raise InputError(f"{where} is None; it takes a tensor")
     try:
-        array = np.asarray(value)
+        # A string input's list stays objects: numpy reads a (str, Enum) member as the
+        # first characters of its str(), 'Colo' for Color.RED.
+        array = np.asarray(value, dtype=object if dtype == np.dtype(object) else None)
     except ValueError:
         raise InputError(f"{where} takes a tensor, not {_what(value)}") from None
     if array.size == 0 and dtype is not None:  # no values to lose: numpy's float64 is a guess
@@ -299,8 +301,16 @@ def _lossless_cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
 def strings_for_onnxruntime(array: np.ndarray) -> np.ndarray:
     """A str array (numpy's fixed-width `<U`, as a list of str or an .npz gives) as an object
     array: onnxruntime reads a `<U` element only up to its first NUL character, so "a\x00b"
-    would reach the model as "a"."""
-    return array.astype(object) if array.dtype.kind == "U" else array
+    would reach the model as "a". An object array's str subclasses become the str they hold:
+    onnxruntime takes each element's str(), which for a `(str, Enum)` member is 'Color.RED',
+    not 'red' (check_strings has refused any element that is no str)."""
+    if array.dtype.kind == "U":
+        return array.astype(object)
+    if array.dtype.kind == "O" and not only_str(array):
+        plain = np.empty(array.shape, dtype=object)
+        plain.flat[:] = [str.__str__(item) for item in array.flat]
+        return plain
+    return array
 
 
 def _check_tensor(entry: Mapping, array: np.ndarray, where: str | None = None) -> None:

@@ -64,7 +64,8 @@ ML_TYPED_BY_RULE = {
 
 
 # The element types the spec fixes for outputs ONNX's inference leaves untyped, by op:
-# (output index, dtype); a classifier's labels take the type of its class label list.
+# (output index, dtype); a classifier's labels take the type of its class label list. The
+# dtypes of ML_TYPED_BY_RULE's rules, for protos, before any inference has run.
 _SPEC_DTYPES = {"Normalizer": ((0, DType.FLOAT),), "Scaler": ((0, DType.FLOAT),),
                 "LinearRegressor": ((0, DType.FLOAT),),
                 "TreeEnsembleRegressor": ((0, DType.FLOAT),), "SVMRegressor": ((0, DType.FLOAT),),
@@ -86,7 +87,8 @@ def declare_spec_types(graph) -> None:
             continue
         typed = list(_SPEC_DTYPES[node.op_type])
         if node.op_type.endswith("Classifier"):
-            strings = any(a.name == "classlabels_strings" for a in node.attribute)
+            # As _classifier reads it: an empty list is none (onnxruntime then gives int64).
+            strings = any(a.name == "classlabels_strings" and a.strings for a in node.attribute)
             typed.append((0, DType.STRING if strings else DType.INT64))
         for index, dtype in typed:
             name = node.output[index] if index < len(node.output) else ""

@@ -30,7 +30,8 @@ class Rule:
     """Subclasses define `pattern(self, op, <vars>)` and `rewrite(self, op, <bindings>)`, and
     may define `check(self, <bindings>) -> str | None` (a reason to refuse). Bindings are passed
     by parameter name; declare `**_` to ignore the rest. `check` may also name `model` (opset
-    decisions) and `target` (None without one); `rewrite` reaches the model as `op.model`.
+    decisions), `target` (None without one) and `options` (the compile's: its precision, say);
+    `rewrite` reaches the model as `op.model`.
     `emits` lists the (domain, op_type) the rewrite creates, which must have a kernel in the
     runtime, and `dtypes` the element types of the root's output the kernels accept (empty:
     any). `exposes` names pattern nodes (by their `_name`) whose output the fused op computes
@@ -86,7 +87,22 @@ class Rule:
             kind = root.dtype.short if root.dtype is not None else "unknown"
             return f"the fused kernel does not take {kind} (only " \
                    f"{', '.join(d.short for d in self.dtypes)})"
+        if any(domain not in ("", "ai.onnx") for domain, _ in self.emits) \
+                and _in_sequence_map(root.graph):
+            # onnxruntime expands the body, and a contrib op it has no kernel for at the
+            # body's dtype (float16 QuickGelu) it expands in turn, nested: that fails to load.
+            return "it is inside a SequenceMap body, which onnxruntime expands: contrib ops " \
+                   "stay out of it"
         return target_refuses(target, self.emits, root)
+
+
+def _in_sequence_map(graph) -> bool:
+    """Whether `graph` is the body of a SequenceMap, or nested in one."""
+    while graph is not None and graph.parent is not None:
+        if graph.parent.op_type == "SequenceMap" and graph.parent.is_onnx:
+            return True
+        graph = graph.parent.graph
+    return False
 
 
 class HandMatchedRule(Rule):
@@ -454,7 +470,8 @@ class RulePass(Pass):
                                   or rule.unsupported(node.outputs[pattern.output], ctx.target)
                                   or call_with_bindings(rule.check,
                                                         {**candidate.bindings, "model": model,
-                                                         "target": ctx.target}))
+                                                         "target": ctx.target,
+                                                         "options": ctx.options}))
                         if not reason:
                             match = candidate
                             break

@@ -11,7 +11,8 @@ an [N, C] product only: BN normalizes axis 1). Add c is s = 1, t = c; Sub c is s
 Mul c is s = c, t = 0 (c along axis 1 only). A Mul by a constant c along the last axis of a
 MatMul with a 2-D float weight (a LayerScale; not a scalar, which FuseMatMul and the attention
 fusions take) scales the weight's columns, and a constant bias
-between them by c as well: (x·W + b)·c = x·(W·c) + b·c. Folds are computed in float64, cast to the
+between them by c as well: (x·W + b)·c = x·(W·c) + b·c; not where a column would sink below
+float16's normal range in a float16 compile, nor in an int8 compile for an NPU. Folds are computed in float64, cast to the
 weight's dtype and stored as new initializers: the originals may be shared, and are never
 modified.
 
@@ -68,9 +69,11 @@ def _unsafe_scaling(w, s: np.ndarray, t: np.ndarray, b=None, beta: float = 1.0) 
     """Why folding s and t into the weight w and bias b would change outputs beyond rounding:
     a scale, shift or bias that is not finite (0·∞ in a weight is NaN where the unfused product
     is ±∞), weights or a bias (Gemm's times beta) the scale takes past the dtype's largest
-    value, or float32 weights it takes below float32's normal range, where they keep few bits
-    (float16 rounds coarser than its subnormals lose). Magnitudes only, whatever axis s runs
-    along: extreme scales are rare enough to refuse on a bound."""
+    value, or float32 weights it takes below float32's normal range, where they keep few bits.
+    Not float16's range, weight by weight: every large weight holds values near 0, and such a
+    bound would refuse nearly every fold (_layer_scale_problem judges a column as a whole).
+    Magnitudes only, whatever axis s runs along: extreme scales are rare enough to refuse on
+    a bound."""
     dtype = w.constant().dtype
     if not np.issubdtype(dtype, np.floating):
         return None
@@ -382,6 +385,31 @@ def _per_column(c, w, rank: int | None) -> np.ndarray | str:
     return np.broadcast_to(data.astype(np.float64).reshape(-1), (columns,))
 
 
+def _layer_scale_problem(w, scale: np.ndarray, b=None, options=None, target=None) -> str | None:
+    """Why folding the per-column `scale` into the MatMul weight `w` (and bias `b`) would lose
+    accuracy the unfused Mul keeps: _unsafe_scaling's reasons; in float16 (the weight's own, or
+    what --precision fp16/mixed-fp16 makes of it after this pass), a column whose scaled
+    weights sit below float16's normal range as a whole (a LayerScale γ of 1e-6, ConvNeXt's
+    initial one: the folded weights kept few bits or flushed to 0, 0.79 off where onnxruntime
+    is 6e-3 off, while the product (x·W)·γ, larger than each weight, rounds finely); and an
+    int8 compile for an NPU, whose MatMul weights take one scale per tensor (AMCT), which a γ
+    spanning decades across the columns coarsens."""
+    problem = _unsafe_scaling(w, scale, np.zeros(1), b)
+    if problem:
+        return problem
+    precision = getattr(options, "precision", "keep")
+    if w.constant().dtype == np.float16 or precision in ("fp16", "mixed-fp16"):
+        with np.errstate(all="ignore"):
+            rms = np.sqrt(np.mean(np.square(_f64(w) * scale), axis=0))
+        if (rms[scale != 0] < np.finfo(np.float16).tiny).any():
+            return "a column of the scaled weights would fall below float16's normal range"
+    if getattr(options, "quantize", "none") == "int8" and target is not None \
+            and target.device(target.primary).kind == "npu":
+        return "an int8 compile for the NPU quantizes a MatMul weight per tensor, which " \
+               "the per-column scale would coarsen"
+    return None
+
+
 class MatMulMulScale(Rule):
     """MatMul(x, W [K, N]) · c, c a constant [N] / [1…, N] → MatMul(x, W·c): a LayerScale
     (ConvNeXt, CaiT, DINOv2). A scalar stays: FuseMatMul and the attention fusions take it."""
@@ -389,11 +417,12 @@ class MatMulMulScale(Rule):
     def pattern(self, op, x, w, c):
         return op.Mul(op.MatMul(x, w, _name="node"), c)
 
-    def check(self, node, x, w, c):
+    def check(self, node, x, w, c, options, target):
         if x.shape is None:
             return "the rank of the MatMul's input is unknown"
         scale = _per_column(c, w, max(len(x.shape), 1))  # [K] · [K, N] is [N]
-        return scale if isinstance(scale, str) else _unsafe_scaling(w, scale, np.zeros(1))
+        return scale if isinstance(scale, str) else _layer_scale_problem(w, scale, None,
+                                                                         options, target)
 
     def rewrite(self, op, node, x, w, c):
         weight = (_f64(w) * _per_column(c, w, None)).astype(w.constant().dtype)
@@ -407,14 +436,14 @@ class MatMulAddMulScale(Rule):
     def pattern(self, op, x, w, b, c):
         return op.Mul(op.Add(op.MatMul(x, w, _name="node"), b), c)
 
-    def check(self, node, x, w, b, c):
+    def check(self, node, x, w, b, c, options, target):
         # No rank check: b·c keeps every axis that b and c bring to the output.
         scale = _per_column(c, w, None)
         if isinstance(scale, str):
             return scale
         if not b.is_constant:
             return f"bias %{b.name} is not a constant"
-        return _unsafe_scaling(w, scale, np.zeros(1), b)
+        return _layer_scale_problem(w, scale, b, options, target)
 
     def rewrite(self, op, node, x, w, b, c):
         dtype = w.constant().dtype

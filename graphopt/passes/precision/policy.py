@@ -247,8 +247,10 @@ class Support:
             return True
         expands = bool(self.opset) and node.is_onnx and expandable(node.op_type, "", self.opset)
         if self.no_expansion:
-            if expands:
-                return False  # onnxruntime would expand it, nested in the body's own expansion
+            if expands or not node.is_onnx:
+                # onnxruntime would expand it, nested in the body's own expansion (a contrib
+                # op from its contrib function: FuseActivation's QuickGelu of a SiLU)
+                return False
         elif _expanded_by_onnxruntime(node, self.devices):
             return True
         # Not an output whose dtype an attribute sets (HannWindow's output_datatype, EyeLike's
