@@ -66,6 +66,27 @@ def fused_dequantize(node: Node, kind: dict) -> bool:
     return True
 
 
+def fused_activation_dequantize(node: Node, kind: dict) -> bool:
+    """Whether `node` dequantizes an 8-bit activation that only int8 layers read, each with a
+    dequantized other operand: the int8 kernel (QLinearConv and its kin, AMCT's NPU kernel)
+    reads the 8-bit data itself, so the float copy never exists; the 8-bit input lives on
+    until those layers have read it."""
+    if node.op_type != "DequantizeLinear" or not node.is_onnx \
+            or kind.get(node.inputs[0]) != ARENA:
+        return False
+    out = node.outputs[0]
+    if out is None or out.is_graph_output or not out.uses:
+        return False
+    for use in out.uses:
+        if use.node.op_type not in _INT8_LAYERS or use.index not in (0, 1):
+            return False
+        other = use.node.input(1 - use.index)
+        if other is None or other.producer is None \
+                or other.producer.op_type != "DequantizeLinear":
+            return False
+    return True
+
+
 class MemoryPlanError(GraphoptError):
     """The graph cannot be planned (unknown size, bad schedule) or a plan is wrong."""
 
@@ -245,6 +266,9 @@ def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
     order = check_schedule(graph, schedule)
     kind = classify(graph, fold_constants=fold_constants)
     fused = {node.outputs[0] for node in graph.nodes() if fused_dequantize(node, kind)}
+    absorbed = {node.outputs[0]: node.inputs[0] for node in graph.nodes()
+                if fused_activation_dequantize(node, kind)}
+    fused |= set(absorbed)
     sizes = {value: 0 if value in fused else tensor_bytes(value) for value in kind}
     step = {node: i for i, node in enumerate(order)}
     first: dict[Value, int] = {}
@@ -257,6 +281,9 @@ def liveness(model: Model | Graph, schedule: Sequence[Node] | None = None, *,
         for value in node_reads(node):
             if value in last and last[value] < i:
                 last[value] = i
+    for out, data in absorbed.items():  # the int8 data lives until the int8 layers read it
+        if data in last and out in last:
+            last[data] = max(last[data], last[out])
     copies = _device_formats(graph, kind, sizes, formats) if formats is not None else {}
     stored = {v: formats.stored[v.name] for v in kind if v.name in formats.stored} \
         if formats is not None else {}
