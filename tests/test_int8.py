@@ -489,12 +489,27 @@ def test_int8_needs_calibration_that_fits(tmp_path):
             "calibration_method": "kl"})
 
 
-@pytest.mark.parametrize("precision", ["fp16", "mixed-fp16", "bf16"])
-def test_int8_with_a_half_precision_mode_is_refused(tmp_path, precision):
-    # ConvertPrecision would leave QuantizeInt8 no float32 layer: silently a float16 compile.
-    with pytest.raises(OptionError, match=f"quantize='int8' with precision='{precision}': "):
-        graphopt.optimize(_conv_model(), precision=precision, quantize="int8",
-                          calibration=_calibration(tmp_path))
+@pytest.mark.parametrize("target", ["cpu", "ascend310"])
+@pytest.mark.parametrize("precision", ["fp16", "mixed-fp16"])
+def test_int8_with_a_half_precision_mode_keeps_the_int8_layers(tmp_path, precision, target):
+    # ATC's pairing of an AMCT model with a half precision mode: refused before (the precision
+    # mode ran first and left int8 no float32 layer). QuantizeInt8 runs first now, and the
+    # precision mode converts what it left float, keeping its int8 layers, AMCT's (no
+    # QuantizeLinear after them) too.
+    proto = _conv_model()
+    result = graphopt.optimize(proto, precision=precision, quantize="int8", target=target,
+                               calibration=_calibration(tmp_path),
+                               pass_options={"quant_keep_ends": False})
+    compiled = result.to_onnx()
+    onnx.checker.check_model(compiled)
+    convs = [n for n in compiled.graph.node if n.op_type in ("Conv", "FusedConv")]
+    assert len(convs) == 3 and all(
+        any(p.op_type == "DequantizeLinear" for p in compiled.graph.node if p.output[0] == i)
+        for n in convs for i in n.input[:2]), [n.op_type for n in compiled.graph.node]
+    assert any(f"kept the int8 layers of quantize='int8'" in note for note in result.notes)
+    x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    expected = numerics.run(proto, {"x": x})["y"]
+    assert _cosine(numerics.run(compiled, {"x": x}, "all")["y"], expected) >= MIN_COSINE
 
 
 @pytest.mark.parametrize("percentile", ["30", "0.5", "101"])

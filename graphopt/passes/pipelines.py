@@ -143,9 +143,11 @@ def with_precision(pipeline: Pipeline, options) -> Pipeline:
     converted graph. At -O0 and -O1 they run last, followed by dead-node removal and shape
     inference."""
     added: tuple[str, ...] = ()
+    if options.quantize == "int8":  # first: its layers stay int8, the float rest converts
+        added += (PRECISION_PASSES[options.quantize],)
     if options.precision != "keep":
         added += ("ConvertPrecision",)
-    if options.quantize != "none":
+    if options.quantize not in ("none", "int8"):
         added += (PRECISION_PASSES[options.quantize],)
     if not added:
         return pipeline

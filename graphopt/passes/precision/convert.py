@@ -302,9 +302,11 @@ class ConvertPrecision(Pass):
                      f"ops alone): {_listing(sandwiched)} ({usage('precision_allow', 'OPS')} "
                      "converts them)")
         if kept_int8:
-            ctx.note(f"{options.precision}: kept the model's own int8 layers (between its "
-                     f"DequantizeLinear and QuantizeLinear nodes, which onnxruntime runs as one "
-                     f"int8 kernel): {_listing(kept_int8)}")
+            whose = (f"the int8 layers of {setting('quantize', 'int8')}" if options.quantize
+                     == "int8" else "the model's own int8 layers")
+            ctx.note(f"{options.precision}: kept {whose} (between DequantizeLinear and "
+                     f"QuantizeLinear nodes, or reading dequantized data and weights: one int8 "
+                     f"kernel each): {_listing(kept_int8)}")
         if untyped:
             ctx.note(f"{options.precision}: kept float32, ONNX shape inference gives their "
                      f"outputs no type, so their schema cannot be matched: {_listing(untyped)}")

@@ -153,13 +153,6 @@ def check_options(options) -> None:
             raise OptionError(f"{flag} needs the {name} pass, which "
                               f"{option('disable_passes')} or a switch file turns off; drop one "
                               "or the other")
-    if options.quantize == "int8" and options.precision != "keep":
-        # ConvertPrecision runs first and QuantizeInt8 quantizes float32 layers: none would be
-        # left, and the compile would silently be a float16 one.
-        raise OptionError(f"{setting('quantize', 'int8')} with "
-                          f"{setting('precision', options.precision)}: int8 quantizes "
-                          "the float32 layers that the precision mode would already have "
-                          "converted; choose one (layers int8 skips stay float32)")
     if options.quantize == "int4" and "bf16" in options.precision:
         # ConvertPrecision runs first: every MatMul would read bfloat16, which onnxruntime's
         # MatMulNBits does not take, and the compile quantized nothing with a note only.

@@ -188,10 +188,15 @@ def in_qdq_group(node: Node) -> bool:
     """Whether `node` sits between a model's own DequantizeLinear and QuantizeLinear, the group
     onnxruntime runs as one int8 kernel (QLinearConv, QLinearMatMul, …): in float16, Casts
     would come between and the layer would run in float16 instead of int8."""
-    reads_dq = any(v is not None and v.producer is not None
-                   and v.producer.op_type == "DequantizeLinear" for v in node.inputs)
-    return reads_dq and any(consumer.op_type == "QuantizeLinear" for v in node.outputs
-                            if v is not None for consumer in v.consumers())
+    dequantized = [v is not None and v.producer is not None
+                   and v.producer.op_type == "DequantizeLinear" for v in node.inputs]
+    if node.op_type in _INT8_LAYERS and len(dequantized) > 1 and all(dequantized[:2]):
+        return True  # AMCT's form too, whose int8 kernel dequantizes in its epilogue: no Q after
+    return any(dequantized) and any(consumer.op_type == "QuantizeLinear" for v in node.outputs
+                                    if v is not None for consumer in v.consumers())
+
+
+_INT8_LAYERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "FusedConv"})
 
 
 def convertible_slots(node: Node, half: DType, opset: int | None) -> Slots | None:
