@@ -1572,3 +1572,21 @@ def test_attention_over_a_sequence_of_0_is_left_unfused(tmp_path):
     feeds = {"input_ids": np.zeros((2, 0), np.int64), "attention_mask": np.zeros((2, 0), np.int64)}
     with graphopt.load(path) as session:
         assert session.run(feeds)["last_hidden_state"].shape == (2, 0, 64)
+
+
+def test_q_and_k_of_dims_named_apart_are_refused_with_the_pin_that_compares_them():
+    # A GQA block's TorchScript export at dynamic shapes: the rotary Add with cos[:S] gave Q
+    # dims of its own names, and the refusal read as a broadcasting problem.
+    proto = parse_model("""
+        g (float[B2, 4, S2, 16] q, float[B, 4, S, 16] k, float[B, 4, S, 16] v) => (float[B2, 4, S2, 16] y) {
+            kt = Transpose <perm = [0, 1, 3, 2]> (k)
+            scores = MatMul(q, kt)
+            scaled = Mul(scores, scale)
+            p = Softmax <axis = -1> (scaled)
+            y = MatMul(p, v)
+        }""", scale=np.array(0.25, np.float32))
+    _, stats, trace = fuse(proto, trace=True)
+    assert not stats
+    assert any("do not line up as one batch of 4 heads without broadcasting; dims named apart "
+               "may be one size at run time: pinned (input_shapes or dynamic_dims), they are "
+               "compared as numbers" in line for line in trace), trace

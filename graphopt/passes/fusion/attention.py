@@ -158,8 +158,13 @@ def _problem(dims: list[list[Dim]], trans_b: int, equal: Equalities) -> str | No
     if not (same(b, kb) and same(b, vb) and same(n, kn) and same(n, vn) and same(h, kh)
             and same(kt, t)):
         q_, k_, v_ = ([describe(d) for d in x] for x in dims)
+        pairs = ((b, kb), (b, vb), (n, kn), (n, vn), (h, kh), (kt, t))
+        open_dims = any(not same(x, y) and (equal.number(x) is None or equal.number(y) is None)
+                        for x, y in pairs)
+        hint = (f"; dims named apart may be one size at run time: pinned ({option('input_shapes')}"
+                f" or {option('dynamic_dims')}), they are compared as numbers") if open_dims else ""
         return f"Q {q_}, K {k_}, V {v_} do not line up as one batch of {equal.number(n)} " \
-               "heads without broadcasting"
+               f"heads without broadcasting{hint}"
     return None
 
 
