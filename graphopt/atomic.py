@@ -84,6 +84,22 @@ def noting_written() -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
+def scratch_folder(prefix: str) -> Iterator[str]:
+    """A temporary folder for scratch files, removed afterwards. Where no temporary directory
+    is usable (a read-only container: tempfile tries $TMPDIR, /tmp, /var/tmp and the working
+    directory), an OutputError that says to set TMPDIR, not an internal error."""
+    try:
+        folder = tempfile.TemporaryDirectory(prefix=prefix)
+    except FileNotFoundError as exc:
+        if "temporary directory" not in str(exc):
+            raise
+        raise OutputError("no writable temporary directory (tried $TMPDIR, /tmp, /var/tmp and "
+                          "the working directory): set TMPDIR to a writable folder") from None
+    with folder as path:
+        yield path
+
+
+@contextlib.contextmanager
 def scratch_writes() -> Iterator[None]:
     """Writes inside the block are scratch files the caller deletes (a tuning candidate's
     .om, a dump diff reads back): an interrupted command does not name them as written."""

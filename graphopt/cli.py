@@ -62,10 +62,25 @@ class _Parser(argparse.ArgumentParser):
             hints = atc_hints(self, self.given)
             message += f" ({'; '.join(hints)})" if hints else ""
         message += _precision_hint(message)
+        message += _dash_file_hint(message, self.given)
         if spellings_in_use():  # graphopt atc's translation: the user wrote atc's flags
             self.exit(2, f"graphopt: error: atc: {_as_atc_wrote(message)} "
                          "(see graphopt atc --help)\n")
         self.exit(2, f"graphopt: error: {command}: {message} (see {self.prog} --help)\n")
+
+
+def _dash_file_hint(message: str, given: list[str]) -> str:
+    """A file whose name starts with a dash (`-model.onnx`) is read as an option, and argparse
+    then names only the argument it left missing: say which file it was and how to name it."""
+    if not (message.startswith("the following arguments are required")
+            or message.endswith("expected one argument")):
+        return ""
+    import os
+
+    files = [arg for arg in given if arg.startswith("-") and len(arg) > 1 and os.path.exists(arg)]
+    if not files:
+        return ""
+    return f" ({files[0]} is a file, read as an option: write ./{files[0]})"
 
 
 def _as_atc_wrote(message: str) -> str:

@@ -8,10 +8,9 @@ import contextlib
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 
-from graphopt.atomic import is_special_file
+from graphopt.atomic import is_special_file, scratch_folder
 from graphopt.errors import OptionError
 
 # The commands' arguments that name files they read (an output, like `kb export`'s, is not one).
@@ -36,7 +35,7 @@ def streams_as_files(args, copies: dict[str, str]) -> Iterator[None]:
             if not any(_is_stream(path) for path in paths):
                 continue
             if folder is None:
-                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="graphopt-stream-"))
+                folder = stack.enter_context(scratch_folder("graphopt-stream-"))
             files = [_copy(path, folder, copies) if _is_stream(path) else path for path in paths]
             setattr(args, argument, files if isinstance(value, list) else files[0])
         yield

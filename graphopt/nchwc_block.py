@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import os
 
+from graphopt.cache_dir import cache_dir
+
 CPUINFO = "/proc/cpuinfo"
 BLOCK_SIZES = (8, 16)  # MLAS: 8 floats with AVX2, 16 with AVX-512F
 METADATA_KEY = "graphopt.nchwc_block_size"  # the block a model was rewritten for
@@ -80,8 +82,7 @@ _KEPT_PROBES = 16  # answers kept, for as many onnxruntime installs on one machi
 
 
 def _probes_path() -> str:
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "graphopt", PROBES_FILE)
+    return os.path.join(cache_dir(), PROBES_FILE)
 
 
 def _probe_key() -> str:

@@ -23,8 +23,8 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None,
     text even when every name is digits: older PyTorch exports name outputs `387`."""
     # A cell may hold a name read from a model (any byte): a newline or an escape sequence
     # would break the table or act on the terminal, so control characters are shown escaped.
-    cells = [[one_line(str(h)) for h in headers]] + \
-        [["" if c is None else one_line(str(c)) for c in row] for row in rows]
+    cells = [[_encodable(one_line(str(h))) for h in headers]] + \
+        [["" if c is None else _encodable(one_line(str(c))) for c in row] for row in rows]
     widths = [max(display_width(r[i]) for r in cells) for i in range(len(headers))]
     numeric = [i not in names and _numeric([r[i] for r in cells[1:]])
                for i in range(len(headers))]
@@ -47,6 +47,22 @@ def format_table(headers: list[str], rows: list[list], title: str | None = None,
     out.append("  ".join("-" * w for w in widths))
     out.extend(line(r) for r in cells[1:])
     return "\n".join(out)
+
+
+def _encodable(text: str) -> str:
+    """`text` as standard output's encoding will write it: a character it lacks (µ under
+    PYTHONIOENCODING=ascii) as the backslash escape terminal_text writes, so that the column
+    is measured at the width it takes."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    if text.isascii():
+        return text
+    try:
+        text.encode(encoding)
+        return text
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        return text
 
 
 def _fitted(widths: list[int], numeric: list[bool], prose: list[bool],

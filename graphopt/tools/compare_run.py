@@ -123,7 +123,11 @@ class Side:
         """The proto's outputs alone, on the session made for them at its first run."""
         try:
             if self._session is None or self._session[0] != self.level:
-                source = self.path if self.path is not None else self.proto
+                # onnxruntime opens a path as UTF-8: under another file-system encoding
+                # (LANG=en_US.ISO-8859-1, a C locale without UTF-8 mode) a non-ASCII name
+                # names another file, or none; the proto read from it is the same model.
+                source = self.path if self.path is not None and _ort_names(self.path) \
+                    else self.proto
                 self._session = (self.level, numerics.session(source, self.level))
             session = self._session[1]
             names = [o.name for o in session.get_outputs()]
@@ -199,6 +203,14 @@ def _computed(graph: onnx.GraphProto, partition: str = "") -> list[Tensor]:
         producer = f"{node.op_type} '{node.name}'" if node.name else node.op_type
         tensors.extend(Tensor(out, producer, partition) for out in node.output if out)
     return tensors
+
+
+def _ort_names(path: str) -> bool:
+    """Whether onnxruntime, which encodes a path as UTF-8, opens the file `path` names."""
+    try:
+        return path.encode("utf-8") == os.fsencode(path)
+    except UnicodeError:
+        return False
 
 
 def _read_onnx(path: str, om_too: bool) -> onnx.ModelProto:

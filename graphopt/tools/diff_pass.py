@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 from graphopt import api_args
-from graphopt.atomic import scratch_writes
+from graphopt.atomic import scratch_folder, scratch_writes
 from graphopt.errors import OptionError
 from graphopt.option_names import DIFF_PASS_FLAGS, from_command_line, setting, usage
 from graphopt.switches import read_switch_file
@@ -62,7 +61,7 @@ def diff_pass(model: str | os.PathLike, pass_name: str, *, level: int = 2, targe
     from graphopt.compiler import optimize
 
     label = os.path.basename(os.fspath(model))
-    with tempfile.TemporaryDirectory(prefix="graphopt-diff-") as directory, scratch_writes():
+    with scratch_folder("graphopt-diff-") as directory, scratch_writes():
         # The ONNX dumps are the snapshots: one per pass run, weights shared on disk.
         optimize(model, level=level, target=target, dump_dir=directory, dump_format="onnx",
                  allow_custom_ops=allow_custom_ops, input_shapes=input_shapes,

@@ -4,7 +4,6 @@ with each kernel matched to its IR node and priced by the CPU cost model."""
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import onnx
 import onnxruntime as ort
 
 from graphopt import api_args
-from graphopt.atomic import scratch_writes
+from graphopt.atomic import scratch_folder, scratch_writes
 from graphopt.errors import GraphoptError, InputError, OptionError, model_label, naming
 from graphopt.input_shapes import input_shapes_argument, pinned_signature
 from graphopt.ir import Model, load_onnx
@@ -123,7 +122,7 @@ def profile_model(path_or_proto: str | os.PathLike | onnx.ModelProto | bytes,
             raise InputError(f"{label}: no such file")
         if os.path.isdir(label):
             raise InputError(f"{label}: is a directory, expected an .onnx or .om file")
-    with tempfile.TemporaryDirectory(prefix="graphopt-profile-") as workdir, model_label(label), \
+    with scratch_folder("graphopt-profile-") as workdir, model_label(label), \
             scratch_writes():
         if not is_proto and _is_om(label):
             profile = _profile_om(label, feeds, repeat, warmup, threads, level, input_shapes,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 
+from graphopt.atomic import scratch_folder
 from graphopt.passes.memory import Buffer, TensorPlan, align_up, draw_plan
 
 
@@ -44,7 +44,7 @@ class StoredPlan:
 def plan_svg(data: dict, *, width: int = 960, height: int = 360) -> str:
     """The plan picture (tensors over steps × arena address) as SVG text."""
     plan = StoredPlan.from_dict(data)
-    with tempfile.TemporaryDirectory(prefix="graphopt-report-") as tmp:
+    with scratch_folder("graphopt-report-") as tmp:
         path = os.path.join(tmp, "plan.svg")
         draw_plan(plan, path, width=width, height=height)  # duck-typed: what it reads is here
         with open(path, encoding="utf-8") as f:

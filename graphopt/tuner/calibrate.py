@@ -37,6 +37,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from graphopt.api_args import THREAD_LIMIT, is_integer
+from graphopt.cache_dir import cache_dir
 from graphopt.errors import OptionError
 from graphopt.input_files import looks_like_zip, refuse_device
 from graphopt.option_names import CALIBRATE_FLAGS, option
@@ -247,8 +248,7 @@ def load(path: str | os.PathLike | None = None) -> CalibrationResult:
 
 def default_path() -> str:
     """$XDG_CACHE_HOME/graphopt/calibration-cpu.json (~/.cache when unset)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "graphopt", "calibration-cpu.json")
+    return os.path.join(cache_dir(), "calibration-cpu.json")
 
 
 def cpu_model_name() -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
+from graphopt.cache_dir import cache_dir
 from graphopt.errors import OptionError, interrupt_behind
 from graphopt.interrupts import interrupts_deferred
 from graphopt.option_names import spelled
@@ -27,8 +28,7 @@ GRACE_S = 30             # silence after which a running trial's worker counts a
 
 def default_db_path() -> str:
     """$XDG_CACHE_HOME/graphopt/tuning.db (~/.cache when unset): the default knowledge base."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "graphopt", "tuning.db")
+    return os.path.join(cache_dir(), "tuning.db")
 
 
 STORAGE_URLS = "sqlite:///FILE.db, postgresql://USER@HOST/DB or mysql://USER@HOST/DB"
@@ -74,7 +74,17 @@ def storage_url(db_or_url: str | os.PathLike | None = None, *, option: str = "--
 
 def _sqlite_url(path: str) -> str:
     """sqlite:/// and the path, quoted: SQLAlchemy decodes %XX in a URL and reads ? as the
-    start of options, so `p%41.db` would open pA.db and `kb.db?` another file."""
+    start of options, so `p%41.db` would open pA.db and `kb.db?` another file. A name that is
+    not UTF-8 text (a non-ASCII name under a C or Latin-1 locale) has no such URL, since
+    SQLAlchemy decodes the URL as UTF-8: OptionError."""
+    try:
+        path.encode("utf-8")
+        if os.fsencode(path) != path.encode("utf-8"):
+            raise UnicodeError
+    except UnicodeError:
+        raise OptionError(f"{path!r}: an SQLite storage's name must be UTF-8, which this "
+                          "locale does not give it: use an ASCII path, or a UTF-8 locale "
+                          "(LANG=C.UTF-8)") from None
     return f"sqlite:///{quote(path, safe='/')}"
 
 

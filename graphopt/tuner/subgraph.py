@@ -21,13 +21,12 @@ import math
 import multiprocessing
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from graphopt.api_args import THREAD_LIMIT
-from graphopt.atomic import scratch_writes
+from graphopt.atomic import scratch_folder, scratch_writes
 from graphopt.errors import OptionError, VerificationError
 from graphopt.ir.onnx_io import read_model_proto
 from graphopt.tuner.optuna_import import optuna, optuna_quiet
@@ -189,7 +188,7 @@ class Evaluator:
                 shapes = parse_input_shapes(self.job.input_shapes)
             self.feeds = numerics.random_feeds(self.proto, seed=0, shapes=shapes)
             self.reference = numerics.run(self.proto, self.feeds)
-        with tempfile.TemporaryDirectory(prefix="graphopt-tune-") as tmp, scratch_writes():
+        with scratch_folder("graphopt-tune-") as tmp, scratch_writes():
             path = os.path.join(tmp, "candidate.om")
             save(result, path)
             session = load(path, intra_op_num_threads=self.job.threads)
