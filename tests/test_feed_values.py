@@ -160,8 +160,9 @@ def test_a_float8_array_saved_as_it_is_says_how_to_store_it(tmp_path):
 
     np.savez(tmp_path / "f8.npz", x=np.ones(4, ml_dtypes.float8_e5m2))
     with pytest.raises(InputError, match=r"descr is not a valid dtype descriptor: '<f1'; numpy "
-                                         r"reads no bfloat16 or float8 arrays back: store their "
-                                         r"raw bits, np\.savez\(path, x=array\.view"):
+                                         r"cannot read such an array back, as an ml_dtypes "
+                                         r"float8_e5m2 saved as it is: store its raw bits, "
+                                         r"np\.savez\(path, x=array\.view\('V1'\)\)"):
         load_npz(str(tmp_path / "f8.npz"))
 
 

@@ -659,8 +659,9 @@ def _sequence_map(body_op: str) -> onnx.ModelProto:
 
 
 def test_a_sequence_map_body_gets_no_contrib_op_from_the_fusions():
-    # FuseActivation made the body's x·Sigmoid(x) a com.microsoft::QuickGelu, which onnxruntime
-    # has no float16 kernel for: expanded inside the expanded body, the fp16 .om did not load.
+    # FuseGelu's Silu rule made the body's x·Sigmoid(x) a com.microsoft::QuickGelu, which
+    # onnxruntime has no float16 kernel for: expanded inside the expanded body, the fp16 .om
+    # did not load.
     from onnx import TensorProto as T
     from onnx import helper as h
 

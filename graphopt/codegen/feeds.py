@@ -586,9 +586,10 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         # numpy's message for object arrays mentions allow_pickle, a knob the user does not have.
         reason = "it holds object arrays, which would need unpickling" if "pickle" in str(exc) else exc
         hint = ""
-        if "dtype descriptor" in str(exc):  # an ml_dtypes array saved as it is: float8's '<f1'
-            hint = ("; numpy reads no bfloat16 or float8 arrays back: store their raw bits, "
-                    "np.savez(path, x=array.view(f'V{array.itemsize}')), as run --outputs does")
+        if "dtype descriptor" in str(exc):  # an ml_dtypes float8_e5m2 saved as it is: '<f1'
+            hint = ("; numpy cannot read such an array back, as an ml_dtypes float8_e5m2 saved "
+                    "as it is: store its raw bits, np.savez(path, x=array.view('V1')), as run "
+                    "--outputs does")
         raise InputError(f"{path}: cannot read as .npz ({reason}{hint})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error, SyntaxError,
             tokenize.TokenError) as exc:  # the last two: a header numpy cannot parse

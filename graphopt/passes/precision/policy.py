@@ -242,7 +242,7 @@ class Support:
         if self.no_expansion:
             if expands or not node.is_onnx:
                 # onnxruntime would expand it, nested in the body's own expansion (a contrib
-                # op from its contrib function: FuseActivation's QuickGelu of a SiLU)
+                # op from its contrib function: FuseGelu's QuickGelu of a SiLU)
                 return False
         elif _expanded_by_onnxruntime(node, self.devices):
             return True
