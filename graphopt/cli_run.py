@@ -166,10 +166,13 @@ def _cmd_run(args) -> int:
             raise InputError(f"{args.model}: {exc}") from None
         except InputError as exc:
             # An .npz holds arrays: a sequence or map can only be fed from Python.
+            held = [e for e in signature if not npz_holds(e)]
+            python = "feed it from Python: graphopt.load(path).run({name: value, …})"
             hint = ("pin its dims with --input-shape, or pass --inputs FILE.npz with concrete "
-                    "arrays"
-                    if all(npz_holds(e) for e in signature) else
-                    "feed it from Python: graphopt.load(path).run({name: value, …})")
+                    "arrays" if not held else
+                    f"size the tensors it holds with --input-shape NAME:DIMS, or {python}"
+                    if all((e.get("element") or {}).get("shape") is not None for e in held)
+                    else python)
             raise InputError(f"{args.model}: {exc}; {hint}") from None
         if feeds:  # a model of no inputs is run as it is, on nothing random
             print(f"note: no --inputs given: running on seeded random inputs (seed {seed}) "

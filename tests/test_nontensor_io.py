@@ -237,6 +237,9 @@ def test_sequence_input_of_unknown_element_shape_is_a_clear_error(tmp_path, caps
     assert rc == 1 and "internal error" not in err
     assert "input 'sin' is a seq(float32) and its elements have no static shape" in err
     assert "feed it from Python" in err and "--inputs FILE.npz" not in err
+    assert "size the tensors it holds with --input-shape NAME:DIMS" in err
+    rc, out, err = run_cli(capsys, "run", om, "--input-shape", "sin:3")
+    assert rc == 0, err
 
 
 def _optional_input() -> onnx.ModelProto:
