@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 
 def cache_dir() -> str:
@@ -17,5 +16,7 @@ def cache_dir() -> str:
     home = os.path.expanduser("~")
     if os.path.isabs(home):
         return os.path.join(home, ".cache", "graphopt")
+    import tempfile  # here: loading an .om imports this module, and needs no tempfile
+
     user = os.getuid() if hasattr(os, "getuid") else "user"
     return os.path.join(tempfile.gettempdir(), f"graphopt-cache-{user}")
