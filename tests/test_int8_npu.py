@@ -307,6 +307,28 @@ def test_a_dequantize_read_by_a_float_op_is_an_antiquant_kernel(tmp_path):
     assert rows["QuantizeLinear"].estimate.breakdown["launch_s"] > 0  # no kernel to fuse into
 
 
+def test_a_quantize_after_a_view_fuses_into_the_kernel_before_the_view():
+    # A classifier's Flatten before its quantized Gemm: the QuantizeLinear after the Flatten
+    # was priced as a kernel of its own (10 µs on ascend310), so --quantize-ends estimated
+    # the int8 head slower than the float one.
+    def quantize_launch(outputs: str) -> float:
+        proto = parse_model(f"""
+            g (float[1,8,4,4] x) => ({outputs}) {{
+                p = GlobalAveragePool (x)
+                f = Flatten (p)
+                q = QuantizeLinear (f, s, z)
+                d = DequantizeLinear (q, s, z)
+                y = Sigmoid (d)
+            }}""", s=np.float32(0.05), z=np.uint8(128))
+        result = graphopt.optimize(proto, target="ascend310")
+        rows = {r.op: r for r in model_estimate(result.model, result.partitioning).rows}
+        return rows["QuantizeLinear"].estimate.breakdown["launch_s"]
+
+    assert quantize_launch("float[1,8] y") == 0
+    # The float values are read on the way too: the pool writes them, the quantize is its own.
+    assert quantize_launch("float[1,8] y, float[1,8] f") > 0
+
+
 # --- what the NPU cannot take --------------------------------------------------------------
 
 

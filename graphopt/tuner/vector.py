@@ -147,7 +147,17 @@ def _fused_quantize(node: Node) -> bool:
     no launch."""
     if node.op_type != "QuantizeLinear" or not node.is_onnx or not node.inputs:
         return False
-    producer = node.inputs[0].producer
+    value = node.inputs[0]
+    producer = value.producer
+    # Through views (a classifier's Flatten before its quantized Gemm): they move no data,
+    # so the kernel before them quantizes in its epilogue and the view reads int8. Only where
+    # nothing else reads the float values on the way, which that kernel must then write too.
+    while producer is not None and producer.op_type in NO_KERNEL - {"Constant"} \
+            and len(value.uses) == 1 and not value.is_graph_output and producer.inputs:
+        value = producer.inputs[0]
+        producer = value.producer
+        if value.is_graph_output or len(value.uses) != 1:
+            return False
     return producer is not None and producer.op_type not in NO_KERNEL
 
 
