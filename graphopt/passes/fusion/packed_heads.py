@@ -124,8 +124,15 @@ class PackedHeadSlice(HandMatchedRule):
             return f"piece {index} of {pieces}"
         b, n, _, h, d = reshaped_dims(packed)
         merged = reshaped_dims(root, [b, n, h, d])  # the piece [B, H, N, D], transposed
-        if merged is None or len(merged) != 3 or merged[:2] != list(y.shape[:2]) \
-                or merged[2] != width:
+        if merged is None:
+            # A product of names (the dynamo exporter's 16*batch, frames folded into the
+            # batch) is no shape entry: compared as Dims.
+            found = reshaped(root, [dim(v) for v in (b, n, h, d)], value_dims)
+            if found is not None and None not in found \
+                    and found == [dim(y.shape[0]), dim(y.shape[1]), dim(width)]:
+                return None
+            return f"the heads merge to dims not known, not [{y.shape[0]}, {y.shape[1]}, {width}]"
+        if len(merged) != 3 or merged[:2] != list(y.shape[:2]) or merged[2] != width:
             return f"the heads merge to {merged}, not [{y.shape[0]}, {y.shape[1]}, {width}]"
         return None
 
