@@ -275,7 +275,7 @@ def _random_held(info: onnx.ValueInfoProto, rng: np.random.Generator,
 
 class NoTensorFeed(ValueError):
     """random_feeds cannot make a value for an input no .npz can hold either (a map, or a
-    sequence of tensors without a static shape)."""
+    sequence whose tensors have no shape)."""
 
 
 def run(model: ModelProto | bytes, feeds: dict[str, Any], level: str = "disable",

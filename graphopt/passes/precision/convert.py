@@ -429,7 +429,7 @@ def _choose(graph, model: Model, decider: _Decider, kept_by_schema: Counter,
             continue  # its data is converted offline where a half op reads it
         if node.subgraphs():
             continue
-        if in_qdq_group(node):  # the model's own int8 layers stay int8
+        if in_qdq_group(node):  # int8 layers, the model's own or QuantizeInt8's, stay int8
             kept_int8[node.qualified_op] += 1
             continue
         node_opset = model.opset(node.domain) if not node.is_onnx else opset

@@ -185,9 +185,11 @@ def never_converted(node: Node) -> bool:
 
 
 def in_qdq_group(node: Node) -> bool:
-    """Whether `node` sits between a model's own DequantizeLinear and QuantizeLinear, the group
-    onnxruntime runs as one int8 kernel (QLinearConv, QLinearMatMul, …): in float16, Casts
-    would come between and the layer would run in float16 instead of int8."""
+    """Whether `node` is an int8 layer: between DequantizeLinear and QuantizeLinear nodes, the
+    group onnxruntime runs as one int8 kernel (QLinearConv, QLinearMatMul, …), or a Conv, Gemm
+    or MatMul reading dequantized data and weights (AMCT's form, with no QuantizeLinear after:
+    the NPU kernel dequantizes in its epilogue). In float16, Casts would come between and the
+    layer would run in float16 instead of int8."""
     dequantized = [v is not None and v.producer is not None
                    and v.producer.op_type == "DequantizeLinear" for v in node.inputs]
     if node.op_type in _INT8_LAYERS and len(dequantized) > 1 and all(dequantized[:2]):
