@@ -75,8 +75,6 @@ def _dash_file_hint(message: str, given: list[str]) -> str:
     if not (message.startswith("the following arguments are required")
             or message.endswith("expected one argument")):
         return ""
-    import os
-
     files = [arg for arg in given if arg.startswith("-") and len(arg) > 1 and os.path.exists(arg)]
     if not files:
         return ""

@@ -29,3 +29,13 @@ def looks_like_zip(path: str | os.PathLike) -> bool:
             return f.read(2) == b"PK"
     except OSError:
         return False
+
+
+def utf8_named(path: str) -> bool:
+    """Whether `path`'s bytes on the file system are its UTF-8 encoding: what onnxruntime and
+    SQLAlchemy, which encode a path as UTF-8, need to reach the file. Not so for a non-ASCII
+    name under a Latin-1 locale, or a C locale without Python's UTF-8 mode."""
+    try:
+        return path.encode("utf-8") == os.fsencode(path)
+    except UnicodeError:
+        return False

@@ -75,3 +75,19 @@ def test_tables_line_up_where_the_output_escapes_what_it_cannot_encode(monkeypat
                                                         errors="backslashreplace"))
     lines = format_table(["name", "default µs"], [["a", 1.5], ["bb", 20.25]]).splitlines()
     assert len({len(line) for line in lines}) == 1 and "\\xb5s" in lines[0], lines
+
+
+def test_a_name_the_locale_does_not_give_as_utf8_is_told_apart():
+    # Under a Latin-1 or plain C locale a non-ASCII file name decodes to surrogates, which
+    # onnxruntime and SQLAlchemy, encoding paths as UTF-8, cannot reach: compare then reads
+    # the model itself, and an SQLite knowledge base so named is refused in one line.
+    import pytest
+
+    from graphopt.errors import OptionError
+    from graphopt.input_files import utf8_named
+    from graphopt.tuner.storage import storage_url
+
+    assert utf8_named("modèle.onnx") and utf8_named("plain.onnx")
+    assert not utf8_named("kb_\udcc3\udca9.db")
+    with pytest.raises(OptionError, match="an SQLite storage's name must be UTF-8"):
+        storage_url("/tmp/kb_\udcc3\udca9.db")

@@ -18,6 +18,7 @@ from graphopt.codegen.inspect_onnx import read_onnx
 from graphopt.codegen.om_manifest import file_sha256
 from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError
+from graphopt.input_files import utf8_named
 from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
@@ -126,7 +127,7 @@ class Side:
                 # onnxruntime opens a path as UTF-8: under another file-system encoding
                 # (LANG=en_US.ISO-8859-1, a C locale without UTF-8 mode) a non-ASCII name
                 # names another file, or none; the proto read from it is the same model.
-                source = self.path if self.path is not None and _ort_names(self.path) \
+                source = self.path if self.path is not None and utf8_named(self.path) \
                     else self.proto
                 self._session = (self.level, numerics.session(source, self.level))
             session = self._session[1]
@@ -203,14 +204,6 @@ def _computed(graph: onnx.GraphProto, partition: str = "") -> list[Tensor]:
         producer = f"{node.op_type} '{node.name}'" if node.name else node.op_type
         tensors.extend(Tensor(out, producer, partition) for out in node.output if out)
     return tensors
-
-
-def _ort_names(path: str) -> bool:
-    """Whether onnxruntime, which encodes a path as UTF-8, opens the file `path` names."""
-    try:
-        return path.encode("utf-8") == os.fsencode(path)
-    except UnicodeError:
-        return False
 
 
 def _read_onnx(path: str, om_too: bool) -> onnx.ModelProto:

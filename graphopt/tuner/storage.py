@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from graphopt.cache_dir import cache_dir
 from graphopt.errors import OptionError, interrupt_behind
+from graphopt.input_files import utf8_named
 from graphopt.interrupts import interrupts_deferred
 from graphopt.option_names import spelled
 from graphopt.tuner.workers import stop_if_asked
@@ -77,14 +78,10 @@ def _sqlite_url(path: str) -> str:
     start of options, so `p%41.db` would open pA.db and `kb.db?` another file. A name that is
     not UTF-8 text (a non-ASCII name under a C or Latin-1 locale) has no such URL, since
     SQLAlchemy decodes the URL as UTF-8: OptionError."""
-    try:
-        path.encode("utf-8")
-        if os.fsencode(path) != path.encode("utf-8"):
-            raise UnicodeError
-    except UnicodeError:
+    if not utf8_named(path):
         raise OptionError(f"{path!r}: an SQLite storage's name must be UTF-8, which this "
                           "locale does not give it: use an ASCII path, or a UTF-8 locale "
-                          "(LANG=C.UTF-8)") from None
+                          "(LANG=C.UTF-8)")
     return f"sqlite:///{quote(path, safe='/')}"
 
 
