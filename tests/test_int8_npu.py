@@ -248,7 +248,7 @@ def test_tune_quantizes_as_optimize_does_and_optimize_finds_the_int8_tilings(tmp
 # --- the cost model ------------------------------------------------------------------------
 
 
-def test_quantized_cube_kernels_are_int8_and_estimated_faster(tmp_path):
+def test_quantized_cube_kernels_are_int8_and_estimated_faster(tmp_path, capsys):
     proto = residual_net()
     float_result = graphopt.optimize(proto, target="ascend310")
     int8_result = quantized(proto, tmp_path, (1, 8, 16, 16))
@@ -274,6 +274,14 @@ def test_quantized_cube_kernels_are_int8_and_estimated_faster(tmp_path):
                             and rows[anchor_key(q)].seconds > 0 for q in quantize)
     assert model_estimate(int8_result.model, int8_result.partitioning).seconds \
         < model_estimate(float_result.model, float_result.partitioning).seconds
+    # The artifact records each cube kernel's dtype, and inspect counts the int8 ones.
+    graphopt.save(int8_result, tmp_path / "q.om")
+    records = [r for part in graphopt.load(tmp_path / "q.om").artifact.extra["kernels"][
+        "partitions"].values() for r in part if "tiling" in r]
+    int8 = [r for r in records if r["dtype"] == "int8"]
+    assert {r["dtype"] for r in records} == set(dtypes) and len(int8) >= 2
+    rc, out, _ = run_cli(capsys, "inspect", tmp_path / "q.om")
+    assert rc == 0 and f"{len(records)} ({len(int8)} int8)" in out, out
 
 
 def test_an_int8_kernel_writes_float16_through_its_dequantize_epilogue():

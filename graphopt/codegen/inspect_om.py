@@ -287,7 +287,9 @@ def _format_kernels(info: dict, profile: str = "") -> str:
         tiled = [r for r in records if isinstance(r, dict) and "tiling" in r]
         sources = sorted({r.get("tiling_source", "?") for r in tiled}) or ["-"]
         total = sum(r.get("estimate_us", 0) for r in records if isinstance(r, dict))
-        rows.append([name, len(records), len(tiled), ", ".join(sources), f"{total:.1f}"])
+        int8 = sum(r.get("dtype") == "int8" for r in tiled)  # older artifacts record no dtype
+        cube = f"{len(tiled)} ({int8} int8)" if int8 else len(tiled)
+        rows.append([name, len(records), cube, ", ".join(sources), f"{total:.1f}"])
     of = f" of {profile}" if profile else ""
     title = (f"kernel configs{of} (estimates; whole model {info.get('estimate_us', 0):.1f} µs "
              "with transfers)")

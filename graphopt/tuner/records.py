@@ -7,6 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from graphopt.tuner.model import model_estimate
+from graphopt.tuner.tiling import cube_dtype
 
 if TYPE_CHECKING:
     from graphopt.ir import Model
@@ -38,5 +39,8 @@ def kernel_records(model: Model, partitioning: Partitioning,
         if row.tiling is not None:
             record["tiling"] = dataclasses.asdict(row.tiling)
             record["tiling_source"] = source if tilings and row.name in tilings else SOURCE_DEFAULT
+            shape = row.estimate.breakdown.get("shape")
+            if shape is not None:  # the cube's dtype: int8 kernels take another cube and tiling
+                record["dtype"] = cube_dtype(shape.dtype)
         partitions[row.partition].append(record)
     return {"estimate_us": round(estimate.seconds * 1e6, 3), "partitions": partitions}
