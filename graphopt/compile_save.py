@@ -231,13 +231,13 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
     from graphopt.tuner.records import SOURCE_TUNED, kernel_records
 
     partitioning = result.partitioning
-    tilings, no_gain = None, []
+    tilings, no_gain, other_dtype = None, [], {}
     if tuning_db:
         from graphopt.tuner.kb import tuned_tilings
 
         foreign: list[str] = []
         tilings = tuned_tilings(tuning_db, result.model, partitioning, skipped=foreign,
-                                no_gain=no_gain)
+                                no_gain=no_gain, other_dtype=other_dtype)
         if foreign:  # another Optuna client's or an edited trial: not worth failing a compile
             result.notes.append(
                 f"{option('tuning_db')}: left out {len(foreign)} trial(s) that record no tiling "
@@ -250,6 +250,11 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
         where = f" in shape profile {prefix[:-1]}" if prefix else ""
         kept = (f"; {len(no_gain)} keep the default tiling, which this cost model prices no "
                 "slower than the best it holds for their shapes" if no_gain else "")
+        if other_dtype:  # an int8 compile's tuning applied to the float compile, say
+            held = ", ".join(sorted(set(other_dtype.values())))
+            kept += (f"; {len(other_dtype)} other(s) have tilings stored for their shapes in "
+                     f"{held} only, another cube dtype (graphopt tune with this compile's "
+                     "precision options fills theirs)")
         result.notes.append(f"{option('tuning_db')}: tuned tilings for {tuned} of {len(cube)} "
                             f"NPU cube kernel(s) on {partitioning.target.shown}{where}{kept}"
                             + ("" if tuned or no_gain else

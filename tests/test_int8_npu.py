@@ -241,6 +241,11 @@ def test_tune_quantizes_as_optimize_does_and_optimize_finds_the_int8_tilings(tmp
     kernels = graphopt.codegen.load_om(tmp_path / "net.om").extra["kernels"]["partitions"]
     assert sum(k.get("tiling_source") == "tuned" for rows in kernels.values()
                for k in rows) == int(found[1])
+    # The float compile finds the int8 shapes in another dtype only, and says so: it had
+    # counted them as kernels the knowledge base does not hold.
+    rc, out, err = run_cli(capsys, "optimize", model, "-o", tmp_path / "float.om", "--target",
+                           "ascend310", "--tuning-db", db)
+    assert rc == 0 and "other(s) have tilings stored for their shapes in int8 only" in out, out
     rc, out, err = run_cli(capsys, "tune", model, *flags, "--job", "subgraph")
     assert rc != 0 and "--precision/--quantize apply to --job op" in err
 

@@ -124,19 +124,28 @@ def stored_tilings(storage: Any, target: str, *,
 
 def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
                   skipped: list[str] | None = None,
-                  no_gain: list[str] | None = None) -> dict[str, Tiling]:
+                  no_gain: list[str] | None = None,
+                  other_dtype: dict[str, str] | None = None) -> dict[str, Tiling]:
     """node name -> tuned tiling for the NPU cube nodes of a compiled model whose signature
     the knowledge base holds: of its stored tilings, the one this cost model prices lowest
     (search.best_priced, as tune's table). Nodes it has not seen keep the default (absent
     here), and so do nodes none of whose stored tilings fits this profile's buffers (studies
     are keyed by the target's name, which an edited copy of a profile keeps) and beats the
-    default under this cost model; those nodes go into `no_gain`. `skipped` as for
-    best_tilings."""
+    default under this cost model; those nodes go into `no_gain`. A node whose shape the
+    knowledge base holds in another dtype only (an int8 compile's tuning, applied to the float
+    one) goes into `other_dtype`, with that dtype. `skipped` as for best_tilings."""
     target = partitioning.target
     stored = stored_tilings(storage, target.name, skipped=skipped)
+    dtypes: dict[str, list[str]] = {}  # a signature without its dtype -> the dtypes stored
+    for sig in stored:
+        shape, _, dtype = sig.rpartition("/")
+        dtypes.setdefault(shape, []).append(dtype)
     tilings = {}
     for group in model_kernels(model, partitioning):
         if group.signature not in stored:
+            held = dtypes.get(group.signature.rpartition("/")[0])
+            if held and other_dtype is not None:
+                other_dtype.update({node: held[0] for node in group.nodes})
             continue
         device = target.device(group.device)
         tiling, _ = best_priced(stored[group.signature], group.shape, device)
