@@ -48,22 +48,31 @@ UNFOLDED_OPS = RANDOM_OPS | {"DequantizeLinear"}
 _INT8_LAYERS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "FusedConv"})
 
 
+def _read_by_int8_layers(node: Node, kind: dict, source: str) -> list | None:
+    """The uses of what `node` dequantizes, when it is a DequantizeLinear of a `source` value
+    (by `kind`) read by int8 layers (Conv/Gemm/MatMul) alone; else None."""
+    if node.op_type != "DequantizeLinear" or not node.is_onnx \
+            or kind.get(node.inputs[0]) != source:
+        return None
+    out = node.outputs[0]
+    if out is None or out.is_graph_output or not out.uses:
+        return None
+    uses = list(out.uses)
+    return uses if all(use.node.op_type in _INT8_LAYERS for use in uses) else None
+
+
+def _dequantized(value: Value | None) -> bool:
+    return value is not None and value.producer is not None \
+        and value.producer.op_type == "DequantizeLinear"
+
+
 def fused_dequantize(node: Node, kind: dict) -> bool:
     """Whether `node` dequantizes a weight (by `kind`) that only int8 layers read (Conv/Gemm/
     MatMul whose data input is dequantized too): onnxruntime fuses it into QLinearConv and its
     kin, AMCT into the NPU's int8 kernel, so its float result never exists."""
-    if node.op_type != "DequantizeLinear" or not node.is_onnx \
-            or kind.get(node.inputs[0]) != WEIGHT:
-        return False
-    out = node.outputs[0]
-    if out is None or out.is_graph_output or not out.uses:
-        return False
-    for use in out.uses:
-        data = use.node.inputs[0]
-        if use.node.op_type not in _INT8_LAYERS or use.index == 0 or data is None \
-                or data.producer is None or data.producer.op_type != "DequantizeLinear":
-            return False
-    return True
+    uses = _read_by_int8_layers(node, kind, WEIGHT)
+    return uses is not None and all(use.index != 0 and _dequantized(use.node.inputs[0])
+                                    for use in uses)
 
 
 def fused_activation_dequantize(node: Node, kind: dict) -> bool:
@@ -71,20 +80,10 @@ def fused_activation_dequantize(node: Node, kind: dict) -> bool:
     dequantized other operand: the int8 kernel (QLinearConv and its kin, AMCT's NPU kernel)
     reads the 8-bit data itself, so the float copy never exists; the 8-bit input lives on
     until those layers have read it."""
-    if node.op_type != "DequantizeLinear" or not node.is_onnx \
-            or kind.get(node.inputs[0]) != ARENA:
-        return False
-    out = node.outputs[0]
-    if out is None or out.is_graph_output or not out.uses:
-        return False
-    for use in out.uses:
-        if use.node.op_type not in _INT8_LAYERS or use.index not in (0, 1):
-            return False
-        other = use.node.input(1 - use.index)
-        if other is None or other.producer is None \
-                or other.producer.op_type != "DequantizeLinear":
-            return False
-    return True
+    uses = _read_by_int8_layers(node, kind, ARENA)
+    return uses is not None and all(use.index in (0, 1)
+                                    and _dequantized(use.node.input(1 - use.index))
+                                    for use in uses)
 
 
 class MemoryPlanError(GraphoptError):
