@@ -472,3 +472,56 @@ g (float[N, 4, 8, 8] x) => (float[N, 8, 8, 8] y) {
         w2=RNG.standard_normal((8, 8, 1, 1)).astype(np.float32))
     out, _ = _sunk(proto)
     assert ops(out) == ["Conv", "Sigmoid", "Mul", "Conv"]
+
+
+# torchvision's and timm's ConvNeXt block: the MLP in NHWC, back to NCHW, then its LayerScale.
+CONVNEXT_TAIL = """
+g (float[N, 6, 5, 5] x) => (float[N, 4, 5, 5] y) {
+  t = Transpose <perm = [0, 2, 3, 1]> (x)
+  m = MatMul(t, w)
+  a = Add(m, b)
+  back = Transpose <perm = [0, 3, 1, 2]> (a)
+  s = Mul(gamma, back)
+  y = Add(s, skip)
+}"""
+
+
+def _convnext_tail(gamma_shape=(4, 1, 1)):
+    return parse_model(CONVNEXT_TAIL, w=RNG.standard_normal((6, 4)).astype(np.float32),
+                       b=RNG.standard_normal(4).astype(np.float32),
+                       gamma=RNG.uniform(0.05, 0.15, gamma_shape).astype(np.float32),
+                       skip=RNG.standard_normal((1, 4, 5, 5)).astype(np.float32))
+
+
+def test_a_layer_scale_after_the_transpose_back_moves_above_it_and_folds():
+    out, stats = _sunk(_convnext_tail())
+    assert stats == {"Transpose": 1}
+    assert ops(out) == ["Transpose", "MatMul", "Add", "Mul", "Transpose", "Add"]
+    # Above the Transpose the scale varies along the last axis, the MatMul's columns.
+    mul = next(n for n in out.graph.node if n.op_type == "Mul")
+    shapes = {t.name: list(t.dims) for t in out.graph.initializer}
+    assert [shapes[name] for name in mul.input if name in shapes] == [[1, 1, 1, 4]]
+    proto = _convnext_tail()
+    result = graphopt.optimize(proto, level=2).to_onnx()
+    assert "Mul" not in ops(result)
+    feeds = numerics.random_feeds(proto, seed=1, dims={"N": 2})
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(result, feeds),
+                                1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("gamma_shape", [(1, 5, 1), (4, 5, 5), (1,)])
+def test_a_scale_not_along_the_channels_alone_stays_below_the_transpose(gamma_shape):
+    out, stats = _sunk(_convnext_tail(gamma_shape))
+    assert stats == {} and ops(out)[3:5] == ["Transpose", "Mul"]
+
+
+def test_a_channel_scale_after_a_transpose_of_no_linear_layer_stays():
+    text = """
+    g (float[N, 5, 5, 6] x) => (float[N, 6, 5, 5] y) {
+      r = Relu(x)
+      back = Transpose <perm = [0, 3, 1, 2]> (r)
+      y = Mul(gamma, back)
+    }"""
+    proto = parse_model(text, gamma=RNG.uniform(0.05, 0.15, (6, 1, 1)).astype(np.float32))
+    out, stats = _sunk(proto)
+    assert stats == {}

@@ -105,6 +105,8 @@ def _movable(node: Node) -> list[int] | None:
     if node.op_type not in ("MatMul", "Slice") and _channels_last(perm) \
             and all(_per_channel(v, len(perm)) for v in data) and _out_of_a_conv(node, perm):
         return perm
+    if _scales_a_linear_layer(node, perm):
+        return perm
     return perm if _meets_inverse(node, perm) else None
 
 
@@ -133,6 +135,39 @@ def _out_of_a_conv(node: Node, perm: list[int]) -> bool:
                 return False
             current = data[0].producer
     return False
+
+
+def _scales_a_linear_layer(node: Node, perm: list[int]) -> bool:
+    """Whether `node` is a Mul by a constant that varies along the channels alone, reading a
+    Transpose to channels first of a linear layer's output (a MatMul by a 2-D constant, and
+    any constant bias over its columns): below the Transpose, the scale varies along the
+    layer's columns and FuseConvBatchNorm folds it into the weights. torchvision's and timm's
+    ConvNeXt blocks apply their LayerScale γ so, `γ[C, 1, 1] · permute(Linear(x), 0, 3, 1, 2)`,
+    a Mul over the whole activation a block."""
+    rank = len(perm)
+    if node.op_type != "Mul" or rank < 3 or perm != [0, rank - 1, *range(1, rank - 1)]:
+        return False
+    moving = [v for v in node.inputs if v is not None and v.constant() is None]
+    scale = next((v.constant() for v in node.inputs if v is not None
+                  and v.constant() is not None), None)
+    if len(moving) != 1 or scale is None or scale.ndim > rank:
+        return False
+    shape = (1,) * (rank - scale.ndim) + scale.shape
+    if shape[1] == 1 or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return False  # (a scalar stays where FuseMatMul takes it)
+    source = moving[0].producer
+    if source is None or not _is_transpose(source, perm):
+        return False
+    layer = source.inputs[0].producer
+    if layer is not None and layer.op_type == "Add" and layer.is_onnx:
+        bias = [v for v in layer.inputs if v is not None and v.constant() is not None]
+        if len(bias) != 1 or not _per_channel(bias[0], rank):
+            return False
+        layer = next((v.producer for v in layer.inputs if v is not None
+                      and v.constant() is None), None)
+    weight = layer.input(1) if layer is not None and layer.op_type == "MatMul" else None
+    return weight is not None and weight.constant() is not None \
+        and weight.constant().ndim == 2
 
 
 def _fed_perm(node: Node) -> list[int] | None:
