@@ -136,6 +136,9 @@ def _describe_device(d: Device) -> list[str]:
                 for s in d.engine_ops(engine)]
         lines += ["", format_table(["op", "dtypes", "max rank", "constraints", "note"], rows,
                                    title=f"engine {engine} of {d.name}")]
+    if d.host_ops:
+        lines += ["", format_table(["op", "why"], [[op, why] for op, why in d.host_ops.items()],
+                                   title=f"ops {d.name} leaves to the host")]
     return lines
 
 
@@ -175,6 +178,8 @@ def _device_json(d: Device) -> dict:
     out["engines"] = {engine: {"kind": kind,
                                "ops": {s.op: _op_json(s) for s in d.engine_ops(engine)}}
                       for engine, kind in d.engines.items()}
+    if d.host_ops:
+        out["host_ops"] = dict(d.host_ops)
     return out
 
 

@@ -88,7 +88,7 @@ def test_topk_stays_on_the_host_and_the_rest_on_the_npu(tmp_path):
     npu, cpu = result.partitioning.partitions
     assert [n.op_type for n in cpu.nodes] == ["TopK"]
     assert {"Conv", "Gemm"} <= {n.op_type for n in npu.nodes}
-    assert "no npu kernel for TopK" in reason_of(result, "TopK")
+    assert "npu profile leaves TopK to the host" in reason_of(result, "TopK")
     assert [v.name for v in npu.outputs] == ["scores"]
     feeds = {"x": RNG.standard_normal((1, 8, 32, 32)).astype(np.float32)}
     assert_same_outputs(proto, path, feeds)
@@ -257,6 +257,11 @@ def test_reason_counts_name_the_commonest_kinds_first():
                                                     "6 for other reasons")
     # A dtype no kernel takes is named with the op: a float64 model's MatMuls say so.
     assert reason_counts(partitioning, shown=6).endswith(", 1 Cast in float64")
+    # The ops a profile leaves to the host are one kind of their own, whatever each one's why.
+    reasons[:] = [(node("TopK"), "npu profile leaves TopK to the host: post-processing")] * 2 \
+        + [(node("NonZero"), "npu profile leaves NonZero to the host: a data-dependent shape")]
+    assert reason_counts(partitioning) == ("3 left to the host by the npu profile for TopK ×2, "
+                                           "NonZero")
 
 
 def test_shapes_left_unfolded_point_to_shape_folding_not_to_pins(capsys, tmp_path):
@@ -913,7 +918,7 @@ def test_partition_command_prints_the_table_and_reasons(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "target ascend310: 2 partition(s)" in out
     assert "p0_npu" in out and "p1_cpu" in out
-    assert "no npu kernel for TopK" in out
+    assert "npu profile leaves TopK to the host" in out
     assert main(["partition", str(model_path), "--target", "ascend310", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [p["device"] for p in data["partitions"]] == ["npu", "cpu"]

@@ -21,6 +21,7 @@ from graphopt.codegen.om_manifest import dtype_name
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.body_types import body_ranks, body_types
 from graphopt.partition.quant_fit import qdq_problem
+from graphopt.partition.target_ort import op_key
 from graphopt.passes.fusion.elementwise import DOMAIN as GROUP_DOMAIN
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def _fit(node: Node, device: Device, functions: dict,
         return _fit_function(node, function, device, opsets)
     support = device.kernel(node.op_type, node.domain, data_dtype(node))
     if support is None:
-        return None, f"no {device.name} kernel for {node.qualified_op}"
+        return None, _no_kernel(device, node.op_type, node.domain)
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
               or attribute_problem(node.attr, support, node.op_type, node.domain,
                                    _data_rank(node), opsets.get(node.domain))
@@ -77,6 +78,16 @@ def _fit(node: Node, device: Device, functions: dict,
               or (qdq_problem(node, device, functions) if device.kind == "npu" else None)
               or _shape_problem(node, device))
     return (None, reason) if reason else (support.engine, None)
+
+
+def _no_kernel(device: Device, op: str, domain: str) -> str:
+    """Why `device` runs no `op`: its profile leaves it to the host (and says why), or the
+    device has no kernel for it."""
+    shown = op if domain in ("", "ai.onnx") else f"{domain}::{op}"
+    why = device.host_ops.get(op_key(op, domain))
+    if why is not None:
+        return f"{device.name} profile leaves {shown} to the host: {why}"
+    return f"no {device.name} kernel for {shown}"
 
 
 def _fit_function(node: Node, function, device: Device,
@@ -100,13 +111,13 @@ def _fit_function(node: Node, function, device: Device,
     for inner in function.node:
         if inner.op_type == "Constant" and inner.domain in ("", "ai.onnx"):
             continue  # a constant of the body: data, not a kernel
-        op = inner.op_type if not inner.domain else f"{inner.domain}::{inner.op_type}"
         where = f"(inside {node.qualified_op})"
         data = inner.input[_data_index(inner.op_type)] if inner.input else None
         read, written = dtypes.get(data), dtypes.get(inner.output[0]) if inner.output else None
         support = device.kernel(inner.op_type, inner.domain, read or written)
         if support is None:
-            return None, f"no {device.name} kernel for {op} inside {node.qualified_op}"
+            return None, (f"{_no_kernel(device, inner.op_type, inner.domain)} "
+                          f"inside {node.qualified_op}")
         for dtype in (read, written):
             if dtype and support.dtypes and dtype not in support.dtypes:
                 return None, f"{device.name} {inner.op_type} does not take {dtype} {where}"

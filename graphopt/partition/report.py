@@ -158,7 +158,8 @@ _SHAPE_FOLDS = frozenset({"FoldShapes", "FoldConstants"})
 def reason_counts(partitioning: Partitioning, shown: int = 3) -> str:
     """The fallback reasons in a few words each, the commonest first, with how many nodes each
     sent to the host: `3 returned by the cost model, 2 no npu kernel for LSTM, Loop`. Ops
-    without a kernel are one kind, listed by their counts, so that none hides among the rest."""
+    without a kernel are one kind, listed by their counts, so that none hides among the rest;
+    so are the ops the profile leaves to the host."""
     kinds: Counter = Counter()
     missing: dict[str, Counter] = {}  # "no npu kernel" -> the ops it was missing for
     for node, reason in partitioning.fallbacks():
@@ -166,6 +167,11 @@ def reason_counts(partitioning: Partitioning, shown: int = 3) -> str:
             kinds["returned by the cost model"] += 1
         elif reason.startswith("dynamic shape"):
             kinds["dynamic shape"] += 1
+        elif " profile leaves " in reason:  # `npu profile leaves TopK to the host: …`
+            device, _, rest = reason.partition(" profile leaves ")
+            kind = f"left to the host by the {device} profile"
+            kinds[kind] += 1
+            missing.setdefault(kind, Counter())[rest.split(" to the host")[0]] += 1
         elif " kernel for " in reason:
             kind, op = reason.split(" inside ")[0].split(" for ", 1)
             kinds[kind] += 1

@@ -66,6 +66,7 @@ class Device:
     kernels: Mapping[str, OpSupport] = field(default_factory=dict, repr=False)  # op key -> support
     kernel_source: str = "profile"   # "profile", or "onnxruntime" for the installed CPU table
     nchwc_auto: bool = False         # nchwc_block_size was "auto": this CPU's, read at load
+    host_ops: Mapping[str, str] = field(default_factory=dict)  # op key -> why it stays on host
 
     def kernel(self, op: str, domain: str = "", dtype: str | None = None) -> OpSupport | None:
         """The device's kernel for `op` (None: it has none); with `dtype`, on the engine that
@@ -315,6 +316,7 @@ def _device(doc: dict, where: str) -> Device:
                 raise SchemaViolation(f"{where}.buffers.{buffer}", "missing: a device with a "
                                                                    "cube engine needs it")
         _check_smallest_tiles(doc, where)
+    host_ops = _host_ops(doc, kernels, f"{where}.host_ops")
     block = doc.get("nchwc_block_size", 0)
     if block not in ("auto", 0, 8, 16):  # MLAS's NCHWc kernels exist for these blocks only
         raise SchemaViolation(f"{where}.nchwc_block_size", f"expected 'auto', 0 (no NCHWc), 8 "
@@ -336,7 +338,34 @@ def _device(doc: dict, where: str) -> Device:
         nchwc_block_size=nchwc_block_size() if block == "auto" else int(block),
         nchwc_auto=block == "auto",
         kernels=FrozenMap(kernels),
-        kernel_source="onnxruntime" if "ops" in doc else "profile")
+        kernel_source="onnxruntime" if "ops" in doc else "profile",
+        host_ops=FrozenMap(host_ops))
+
+
+def _host_ops(doc: dict, kernels: dict, where: str) -> dict[str, str]:
+    """The ops the profile leaves to the host on purpose, each with why; an npu's only, and
+    none that an engine lists too (the table would both run and refuse it)."""
+    host_ops = doc.get("host_ops", {})
+    if host_ops and doc["kind"] != "npu":
+        raise SchemaViolation(where, "only an npu device leaves ops to the host")
+    for key in host_ops:
+        problem = _op_key_problem(key)
+        if problem:
+            raise SchemaViolation(key_path(where, key), problem)
+        if key in kernels:
+            raise SchemaViolation(key_path(where, key),
+                                  f"also listed under engine '{kernels[key].engine}'")
+    return dict(host_ops)
+
+
+def _op_key_problem(key: str) -> str | None:
+    """What is wrong with an op key of a profile ('Op' or 'domain::Op'), or None."""
+    domain, _, name = key.rpartition("::")
+    if not name or "::" in domain or key.startswith("::"):
+        return "an op key is 'Op' or 'domain::Op'"
+    if domain in ("", "ai.onnx") and key != name:
+        return f"write the default-domain op as '{name}'"
+    return None
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -439,11 +468,9 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
         defaults = spec.get("defaults", {})
         for key, op in spec["ops"].items():
             at = key_path(key_path(key_path(where, engine), "ops"), key)
-            domain, _, name = key.rpartition("::")
-            if not name or "::" in domain or key.startswith("::"):
-                raise SchemaViolation(at, "an op key is 'Op' or 'domain::Op'")
-            if domain in ("", "ai.onnx") and key != name:
-                raise SchemaViolation(at, f"write the default-domain op as '{name}'")
+            problem = _op_key_problem(key)
+            if problem:
+                raise SchemaViolation(at, problem)
             if key in kernels:
                 raise SchemaViolation(at, f"also listed under engine '{kernels[key].engine}'")
             dtypes = op.get("dtypes", defaults.get("dtypes", ()))

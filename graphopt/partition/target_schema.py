@@ -95,6 +95,12 @@ TARGET_SCHEMA: dict[str, Any] = {
                                   "description": "Every tensor of a kernel must have a static "
                                                  "shape (default false; npu only: the cpu "
                                                  "host runs what the others refuse)."},
+                "host_ops": {"type": "object",
+                             "additionalProperties": {"type": "string", "minLength": 1},
+                             "description": "npu only: op key -> why the profile leaves the "
+                                            "op to the host although the device may have a "
+                                            "kernel for it (a data-dependent result, "
+                                            "post-processing); named as the fallback reason."},
                 "ops": {"const": "onnxruntime",
                         "description": "cpu only: take the kernels of the installed "
                                        "onnxruntime's CPU provider instead of 'engines'."},
