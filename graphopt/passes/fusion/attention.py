@@ -42,6 +42,7 @@ from graphopt.ir.pattern import Attr, Const, OneOf, Optional, Var
 from graphopt.option_names import option
 from graphopt.passes.base import register
 from graphopt.passes.fusion.attention_masks import adds_nothing
+from graphopt.passes.fusion.group_query import GroupQueryCausalAttention
 from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.fusion.merge_copies import merge_source
 from graphopt.passes.fusion.packed_heads import PackedHeadSlice, PackedProjectionAttention
@@ -744,7 +745,8 @@ class FuseAttention(RulePass):
                   "MultiHeadAttention; Q/K/V projections packed into Attention, also where " \
                   "one projection already packs them (ViT's qkv)"
     rules = (WindowMask, ScaledDotProductAttention, PackedGuardedSelfAttention,
-             PackedSelfAttention, PackedHeadSlice, PackedProjectionAttention)
+             PackedSelfAttention, PackedHeadSlice, PackedProjectionAttention,
+             GroupQueryCausalAttention)
 
 
 __all__ = ["FuseAttention"]

@@ -1,0 +1,130 @@
+"""GroupQueryCausalAttention: causal attention over K/V heads repeated for groups of query heads
+becomes onnxruntime's GroupQueryAttention over the unrepeated heads; other repeats and masks
+stay MultiHeadAttention; outputs hold at ORT_DISABLE_ALL."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from helpers import IR_VERSION
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt import numerics
+
+B, S, N, G, H = 2, 6, 4, 2, 8   # batch, tokens, query heads, K/V heads, head size
+D = N * H
+MIN = float(np.finfo(np.float32).min)
+
+
+def grouped_attention(mask="add", repeat="in_place", batch=B) -> onnx.ModelProto:
+    """A Llama-style self-attention block on x [batch, S, D]: Q over N heads, K and V over G
+    heads repeated for the query heads as transformers' repeat_kv writes it (`in_place`: head n
+    reads K/V head n // (N/G)), or tiled (`tiled`: head n reads head n % G), then scores,
+    the mask, softmax, the context and the output projection."""
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+
+    def const(name, array, dtype=np.float32):
+        inits.append(numpy_helper.from_array(np.asarray(array, dtype), name))
+        return name
+
+    def op(op_type, *inputs, **attrs):
+        out = f"{op_type.lower()}_{len(nodes)}"
+        nodes.append(helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def heads(x, count, name):
+        return op("Transpose", op("Reshape", x, const(f"{name}_split", [0, S, count, H],
+                                                      np.int64)), perm=[0, 2, 1, 3])
+
+    def projected(width, name):
+        return op("Add", op("MatMul", "x", const(f"w{name}", rng.standard_normal((D, width))
+                                                 * 0.3)),
+                  const(f"b{name}", rng.standard_normal(width) * 0.1))
+
+    def repeated(x, name):
+        if repeat == "in_place":   # [B,G,1,S,H] → [B,G,R,S,H] → [B,N,S,H]
+            spread = op("Expand", op("Unsqueeze", x, const(f"{name}_at", [2], np.int64)),
+                        const(f"{name}_to", [1, G, N // G, S, H], np.int64))
+        else:                      # [B,1,G,S,H] → [B,R,G,S,H] → [B,N,S,H]
+            spread = op("Expand", op("Unsqueeze", x, const(f"{name}_at", [1], np.int64)),
+                        const(f"{name}_to", [1, N // G, G, S, H], np.int64))
+        return op("Reshape", spread, const(f"{name}_merge", [0, N, S, H], np.int64))
+
+    q = heads(projected(D, "q"), N, "q")
+    k = repeated(heads(projected(G * H, "k"), G, "k"), "k")
+    v = repeated(heads(projected(G * H, "v"), G, "v"), "v")
+    scores = op("Div", op("MatMul", q, op("Transpose", k, perm=[0, 1, 3, 2])),
+                const("root", np.sqrt(H)))
+    causal = np.tril(np.ones((S, S), bool))
+    if mask == "add":
+        scores = op("Add", scores, const("bias", np.where(causal, 0, MIN)[None, None]))
+    elif mask == "where":
+        scores = op("Where", const("keep", causal, np.bool_), scores, const("fill", MIN))
+    elif mask == "padding":  # the last key masked for every query: no causal mask
+        keep = np.ones((S, S), bool)
+        keep[:, -1] = False
+        scores = op("Add", scores, const("bias", np.where(keep, 0, MIN)[None, None]))
+    context = op("MatMul", op("Softmax", scores, axis=-1), v)
+    merged = op("Reshape", op("Transpose", context, perm=[0, 2, 1, 3]),
+                const("merge", [0, S, D], np.int64))
+    nodes.append(helper.make_node("MatMul", [merged, const("wo", rng.standard_normal((D, D))
+                                                           * 0.3)], ["y"]))
+    graph = helper.make_graph(
+        nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, S, D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, S, D])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+def compiled(proto, batch=B):
+    result = graphopt.optimize(proto).to_onnx()
+    onnx.checker.check_model(result, full_check=True)
+    for size in {batch if isinstance(batch, int) else 3, 1}:
+        feeds = numerics.random_feeds(proto, seed=size, dims={"batch": size})
+        assert not numerics.compare(numerics.run(proto, feeds), numerics.run(result, feeds),
+                                    1e-5, 1e-5)
+    return Counter(node.op_type for node in result.graph.node)
+
+
+@pytest.mark.parametrize("mask", ["add", "where"])
+def test_grouped_heads_under_a_causal_mask_become_group_query_attention(mask):
+    counts = compiled(grouped_attention(mask))
+    assert counts["GroupQueryAttention"] == 1 and not counts["MultiHeadAttention"]
+    # No repeat, no head split and no mask is left; Q, K and V are one packed GEMM.
+    assert counts == {"MatMul": 2, "Add": 1, "GroupQueryAttention": 1}
+
+
+def test_an_open_batch_reads_the_sequence_lengths_at_run_time():
+    counts = compiled(grouped_attention(batch="batch"), batch="batch")
+    assert counts["GroupQueryAttention"] == 1 and counts["Shape"] == 1
+
+
+def test_heads_repeated_as_tiles_stay_multi_head_attention():
+    # Head n reads K/V head n % G, not n // (N/G): not GroupQueryAttention's grouping.
+    counts = compiled(grouped_attention(repeat="tiled"))
+    assert counts["MultiHeadAttention"] == 1 and not counts["GroupQueryAttention"]
+
+
+def test_a_mask_that_is_not_causal_stays_multi_head_attention():
+    counts = compiled(grouped_attention("padding"))
+    assert counts["MultiHeadAttention"] == 1 and not counts["GroupQueryAttention"]
+
+
+def test_the_refusal_says_what_grouped_attention_needs():
+    result = graphopt.optimize(grouped_attention(repeat="tiled"),
+                               trace_rules={"GroupQueryCausalAttention"})
+    assert any("not a repeat of fewer heads for groups of the query's" in line
+               for line in result.traces), result.traces
+
+
+def test_a_head_size_the_cpu_kernel_refuses_stays_multi_head_attention(monkeypatch):
+    import test_fusion_group_query as this
+    monkeypatch.setattr(this, "H", 4)
+    monkeypatch.setattr(this, "D", this.N * 4)
+    counts = compiled(grouped_attention())
+    assert counts["MultiHeadAttention"] == 1 and not counts["GroupQueryAttention"]
