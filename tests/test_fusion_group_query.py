@@ -20,11 +20,13 @@ D = N * H
 MIN = float(np.finfo(np.float32).min)
 
 
-def grouped_attention(mask="add", repeat="in_place", batch=B) -> onnx.ModelProto:
+def grouped_attention(mask="add", repeat="in_place", batch=B,
+                      rotated=False) -> onnx.ModelProto:
     """A Llama-style self-attention block on x [batch, S, D]: Q over N heads, K and V over G
     heads repeated for the query heads as transformers' repeat_kv writes it (`in_place`: head n
     reads K/V head n // (N/G)), or tiled (`tiled`: head n reads head n % G), then scores,
-    the mask, softmax, the context and the output projection."""
+    the mask, softmax, the context and the output projection. `rotated` scales Q's and K's split
+    heads per token and channel, as a rotary embedding between the split and the repeat does."""
     rng = np.random.default_rng(7)
     nodes, inits = [], []
 
@@ -55,8 +57,13 @@ def grouped_attention(mask="add", repeat="in_place", batch=B) -> onnx.ModelProto
                         const(f"{name}_to", [1, N // G, G, S, H], np.int64))
         return op("Reshape", spread, const(f"{name}_merge", [0, N, S, H], np.int64))
 
-    q = heads(projected(D, "q"), N, "q")
-    k = repeated(heads(projected(G * H, "k"), G, "k"), "k")
+    def rotate(x, name):
+        if not rotated:
+            return x
+        return op("Mul", x, const(f"{name}_turn", rng.uniform(0.5, 1.5, (1, 1, S, H))))
+
+    q = rotate(heads(projected(D, "q"), N, "q"), "q")
+    k = repeated(rotate(heads(projected(G * H, "k"), G, "k"), "k"), "k")
     v = repeated(heads(projected(G * H, "v"), G, "v"), "v")
     scores = op("Div", op("MatMul", q, op("Transpose", k, perm=[0, 1, 3, 2])),
                 const("root", np.sqrt(H)))
@@ -99,6 +106,13 @@ def test_grouped_heads_under_a_causal_mask_become_group_query_attention(mask):
     assert counts == {"MatMul": 2, "Add": 1, "GroupQueryAttention": 1}
 
 
+def test_rotated_heads_are_merged_back_for_group_query_attention():
+    counts = compiled(grouped_attention(rotated=True))
+    assert counts["GroupQueryAttention"] == 1 and not counts["Expand"]
+    # Q and K come from their rotated heads, so the three projections stay apart.
+    assert counts["MatMul"] == 4
+
+
 def test_an_open_batch_reads_the_sequence_lengths_at_run_time():
     counts = compiled(grouped_attention(batch="batch"), batch="batch")
     assert counts["GroupQueryAttention"] == 1 and counts["Shape"] == 1
@@ -128,3 +142,21 @@ def test_a_head_size_the_cpu_kernel_refuses_stays_multi_head_attention(monkeypat
     monkeypatch.setattr(this, "D", this.N * 4)
     counts = compiled(grouped_attention())
     assert counts["MultiHeadAttention"] == 1 and not counts["GroupQueryAttention"]
+
+
+def test_a_mask_over_a_past_and_the_new_tokens_is_no_causal_self_attention():
+    from types import SimpleNamespace
+
+    from graphopt.passes.fusion.group_query import causal_problem
+
+    def bias(array):
+        return SimpleNamespace(name="bias", constant=lambda: array)
+
+    # One new token over 3 past ones: [1, 4] is not the [S, S] mask of S tokens of their own.
+    decoding = np.zeros((1, 1, 1, 4), np.float32)
+    assert "not one [4, 4] mask" in causal_problem(bias(decoding), 0, 4)
+    square = np.where(np.tril(np.ones((4, 4), bool)), 0, MIN).astype(np.float32)
+    assert causal_problem(bias(square[None, None]), 0, 4) is None
+    square[3, 0] = MIN   # a sliding window: the last token no longer sees the first
+    assert "not a causal mask" in causal_problem(bias(square), 0, 4)
+    assert "causal only" in causal_problem(None, 0, 4)

@@ -82,10 +82,11 @@ def _moved(indices: np.ndarray, node) -> np.ndarray | None:
 
 
 def repeated_heads(value: Value, heads: int) -> tuple[Value, int] | None:
-    """(k, G) when `value` [B,S,N·H] is k [B,S,G·H] with its G heads repeated in place for
-    groups of the N query heads (head n holds k's head n // (N/G)) by Reshapes, Transposes, an
-    Unsqueeze and an Expand, in whatever arrangement the exporter wrote them; else None. The
-    arrangement is checked by moving an index tensor of k's shape through the same ops."""
+    """(u, G) when `value` [B,S,N·H] is u [B,G,S,H] (K or V split into its G heads, rotated
+    or not) with each head repeated in place for its group of the N query heads (head n holds
+    u's head n // (N/G)) by an Unsqueeze, an Expand, and Reshapes and Transposes in whatever
+    arrangement the exporter wrote them; else None. The arrangement is checked by moving an
+    index tensor of u's shape through the same ops."""
     repeated, after = _layout_chain(value)
     expand = repeated.producer
     if expand is None or not expand.is_onnx or expand.op_type != "Expand" \
@@ -97,33 +98,66 @@ def repeated_heads(value: Value, heads: int) -> tuple[Value, int] | None:
     axes = unsqueeze.attr("axes")
     axes = list(axes) if axes is not None else _const_list(
         unsqueeze.input(1) if len(unsqueeze.inputs) > 1 else None)
-    k, before = _layout_chain(unsqueeze.inputs[0])
-    shape, target = k.shape, _const_list(expand.input(1))
-    if axes is None or shape is None or len(shape) != 3 \
+    split = unsqueeze.inputs[0]
+    shape, target = split.shape, _const_list(expand.input(1))
+    if axes is None or shape is None or len(shape) != 4 \
             or any(not isinstance(d, int) or d <= 0 for d in shape[1:]):
         return None
     # An open batch is traced at two sizes: an arrangement that read a fixed batch fails.
     batches = [shape[0]] if isinstance(shape[0], int) and shape[0] > 0 else [2, 3]
-    found = {_traced_groups((batch, *shape[1:]), before, axes, target, after, heads)
+    found = {_traced_groups((batch, *shape[1:]), axes, target, after, heads)
              for batch in batches}
     groups = found.pop() if len(found) == 1 else None
-    return (k, groups) if groups else None
+    return (split, groups) if groups else None
 
 
-def _traced_groups(shape: tuple, before: list, axes: list[int], target: list[int],
-                   after: list, heads: int) -> int | None:
-    """G when an index tensor of k's `shape` [B,S,G·H], moved through the ops `before`, the
-    Unsqueeze at `axes`, the Expand to `target` and the ops `after`, comes out as k's G heads
-    repeated in place for the N = `heads` query heads; else None."""
-    if int(np.prod(shape)) * heads > _MAX_CHECKED:
+def merged_heads(op, split: Value, groups: int) -> Value:
+    """The [B,S,G·H] tensor whose heads `split` [B,G,S,H] holds: the value the model split,
+    where it split one (x.view(B, S, G, H).transpose(1, 2)), else `split` merged back."""
+    node = split.producer
+    if node is not None and node.is_onnx and node.op_type == "Transpose" \
+            and list(node.attr("perm") or ()) == SPLIT:
+        reshape = node.inputs[0].producer
+        source = reshape.inputs[0] if reshape is not None and reshape.is_onnx \
+            and reshape.op_type == "Reshape" else None
+        if source is not None and source.shape is not None and len(source.shape) == 3 \
+                and _reshaped(list(source.shape), reshape) == [
+                    source.shape[0], split.shape[2], groups, split.shape[3]] \
+                and source.shape[2] == groups * split.shape[3]:
+            return source
+    return op.Reshape(op.Transpose(split, perm=SPLIT),
+                      op.const(np.array([0, 0, groups * split.shape[3]])))
+
+
+def _reshaped(shape: list, node) -> list | None:
+    """The shape a Reshape of a `shape` tensor by its constant target gives (0 copies the
+    input's dim unless `allowzero`; a -1 takes the rest of a static size); None when the
+    target is not constant or the -1 cannot be told."""
+    target = _const_list(node.input(1) if len(node.inputs) > 1 else None)
+    if target is None:
         return None
-    indices = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
-    for node in before:
-        indices = _moved(indices, node)
-        if indices is None:
+    if not node.attr("allowzero"):
+        target = [shape[i] if d == 0 and i < len(shape) else d for i, d in enumerate(target)]
+    if -1 in target:
+        known = [d for d in target if d != -1]
+        if target.count(-1) > 1 or not all(isinstance(d, int) and d > 0
+                                           for d in (*shape, *known)):
             return None
-    rank = indices.ndim + len(axes)
-    indices = np.expand_dims(indices, [a % rank for a in axes])
+        target[target.index(-1)] = int(np.prod(shape)) // int(np.prod(known))
+    return target
+
+
+def _traced_groups(shape: tuple, axes: list[int], target: list[int], after: list,
+                   heads: int) -> int | None:
+    """G when an index tensor of u's `shape` [B,G,S,H], moved through the Unsqueeze at `axes`,
+    the Expand to `target` and the ops `after`, comes out [B,S,N·H] with u's G heads repeated
+    in place for the N = `heads` query heads; else None."""
+    batch, groups, length, size = shape
+    if int(np.prod(shape)) * heads > _MAX_CHECKED or heads % groups:
+        return None
+    split = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    rank = split.ndim + len(axes)
+    indices = np.expand_dims(split, [a % rank for a in axes])
     try:
         indices = np.broadcast_to(indices, np.broadcast_shapes(indices.shape, tuple(target)))
     except ValueError:
@@ -132,16 +166,10 @@ def _traced_groups(shape: tuple, before: list, axes: list[int], target: list[int
         indices = _moved(indices, node)
         if indices is None:
             return None
-    batch, length, width = shape
-    if indices.shape[:2] != (batch, length) or indices.ndim != 3 or indices.shape[2] % heads:
-        return None
-    size = indices.shape[2] // heads
-    groups = width // size
-    if width % size or groups == 0 or heads % groups:
-        return None
-    expected = np.arange(batch * length * width, dtype=np.int32).reshape(
-        batch, length, groups, size)[:, :, np.arange(heads) // (heads // groups), :]
-    return groups if np.array_equal(indices, expected.reshape(indices.shape)) else None
+    expected = split[:, np.arange(heads) // (heads // groups)]        # [B,N,S,H]
+    expected = expected.transpose(0, 2, 1, 3).reshape(batch, length, heads * size)
+    return groups if indices.shape == expected.shape and np.array_equal(indices, expected) \
+        else None
 
 
 def causal_problem(bias: Value | None, causal: int, length: int) -> str | None:
@@ -197,34 +225,38 @@ class GroupQueryCausalAttention(Rule):
             mask_filter_value=Attr("filter", None, pred=lambda f: f is None))
 
     def check(self, q, k, v, heads, causal=0, bias=None):
-        if q.shape is None or len(q.shape) != 3 or not isinstance(q.shape[1], int) \
-                or not isinstance(q.shape[2], int):
-            return f"the query %{q.name} is not [B, S, N·H] with a static S"
-        if q.shape[2] % heads or (q.shape[2] // heads) % 8:
-            # onnxruntime 1.32's CPU kernel refuses any other head size when it runs.
-            return f"the head size {q.shape[2] / heads:g} is not a multiple of 8"
         kv = [repeated_heads(x, heads) for x in (k, v)]
         if None in kv:
             return "K or V is not a repeat of fewer heads for groups of the query's " \
                    "(transformers' repeat_kv) over the query's own tokens"
-        if kv[0][1] != kv[1][1]:
-            return f"K has {kv[0][1]} heads and V {kv[1][1]}"
-        if any(x.shape[1] != q.shape[1] for x, _ in kv):
-            return "K and V span other tokens than the query's (a past, or cross-attention)"
-        return causal_problem(bias, causal, q.shape[1])
+        (k_split, groups), (v_split, v_groups) = kv
+        if groups != v_groups or k_split.shape[2:] != v_split.shape[2:]:
+            return f"K has {groups} heads of {list(k_split.shape[2:])} and V {v_groups} of " \
+                   f"{list(v_split.shape[2:])}"
+        _, _, length, size = k_split.shape
+        # The query may be the fusion's own merge, made in this pass and not inferred yet.
+        if q.shape is not None and (len(q.shape) != 3 or q.shape[1:] != (length, heads * size)):
+            return f"the query %{q.name} is {list(q.shape)}, not [B, {length}, {heads * size}]" \
+                   " (K and V span other tokens than the query's: a past, or cross-attention)"
+        if q.shape is None and bias is None:  # (a bias's query dim tells the query's length)
+            return f"the query %{q.name} has no inferred shape to tell its length by"
+        if size % 8:  # onnxruntime 1.32's CPU kernel refuses any other head size when it runs
+            return f"the head size {size} is not a multiple of 8"
+        return causal_problem(bias, causal, length)
 
     def rewrite(self, op, q, k, v, heads, scale=None, **_):
-        (k_flat, groups), (v_flat, _) = (repeated_heads(x, heads) for x in (k, v))
-        length = q.shape[1]
+        (k_split, groups), (v_split, _) = (repeated_heads(x, heads) for x in (k, v))
+        k_flat, v_flat = (merged_heads(op, x, groups) for x in (k_split, v_split))
+        batch, _, length, size = k_split.shape
         if scale is None:  # MultiHeadAttention's default, 1/√H, made explicit
-            scale = float(1.0 / np.sqrt(np.float32(q.shape[2] // heads)))
+            scale = float(1.0 / np.sqrt(np.float32(size)))
         # Every sequence full: its last token at S − 1; an open batch read from q at run time.
         last = np.array([length - 1], np.int32)
-        if isinstance(q.shape[0], int):
-            seqlens = op.const(np.repeat(last, q.shape[0]))
+        if isinstance(batch, int):
+            seqlens = op.const(np.repeat(last, batch))
         else:
-            batch = op.Slice(op.Shape(q), op.const(np.array([0])), op.const(np.array([1])))
-            seqlens = op.Expand(op.const(last), batch)
+            rows = op.Slice(op.Shape(q), op.const(np.array([0])), op.const(np.array([1])))
+            seqlens = op.Expand(op.const(last), rows)
         total = op.const(np.array(length, np.int32))
         packed = _packed(op, q, k_flat, v_flat)
         inputs = [packed, None, None] if packed is not None else [q, k_flat, v_flat]
