@@ -11,11 +11,14 @@ repeat each for its group before attending (transformers' `repeat_kv`):
 Head n of the N = G·R heads reads K/V head n // R, as GroupQueryAttention's query head n reads
 its KV head n // (N / G). With the constant causal bias that a pinned export's mask folds to
 (0 on and below the diagonal, a fill that swallows any score above: float32's lowest or -inf)
-the result is GroupQueryAttention's, which is causal by itself, over q, k and v as they were
-projected, with every sequence full (seqlens_k = S − 1, total_sequence_length = S) and no past:
+the result is GroupQueryAttention's, which is causal by itself, over q and the unrepeated k and
+v merged back to [B,S,G·H] (the projections themselves where nothing came between them and the
+split: a rotary embedding on the split heads stays), with every sequence full (seqlens_k =
+S − 1, total_sequence_length = S) and no past:
 
     MultiHeadAttention(q, repeat(k), repeat(v), bias=causal)
-      → GroupQueryAttention(q, k, v, seqlens_k, total_sequence_length, kv_num_heads=G)
+      → GroupQueryAttention(q, merge(k), merge(v), seqlens_k, total_sequence_length,
+                            kv_num_heads=G)
       → GroupQueryAttention(x·[Wq|Wk|Wv] + [bq|bk|bv], …)    when the three are projections
                                                              of one x by constant matrices
 
