@@ -60,7 +60,18 @@ def grouped_attention(mask="add", repeat="in_place", batch=B,
     def rotate(x, name):
         if not rotated:
             return x
-        return op("Mul", x, const(f"{name}_turn", rng.uniform(0.5, 1.5, (1, 1, S, H))))
+        if rotated == "scaled":
+            return op("Mul", x, const(f"{name}_turn", rng.uniform(0.5, 1.5, (1, 1, S, H))))
+        # Llama's rotary embedding: x·cos + rotate_half(x)·sin, tables of two equal halves.
+        angles = np.outer(np.arange(S), 1.0 / 10000 ** (np.arange(0, H, 2) / H))
+        table = np.concatenate([angles, angles], axis=1)[None, None]
+        half = [const(f"{name}_{edge}", [value], np.int64)
+                for edge, value in (("start", 0), ("mid", H // 2), ("end", H), ("axis", 3))]
+        first = op("Slice", x, half[0], half[1], half[3])
+        second = op("Slice", x, half[1], half[2], half[3])
+        turned = op("Concat", op("Neg", second), first, axis=-1)
+        return op("Add", op("Mul", x, const(f"{name}_cos", np.cos(table))),
+                  op("Mul", turned, const(f"{name}_sin", np.sin(table))))
 
     q = rotate(heads(projected(D, "q"), N, "q"), "q")
     k = repeated(rotate(heads(projected(G * H, "k"), G, "k"), "k"), "k")
@@ -107,10 +118,17 @@ def test_grouped_heads_under_a_causal_mask_become_group_query_attention(mask):
 
 
 def test_rotated_heads_are_merged_back_for_group_query_attention():
-    counts = compiled(grouped_attention(rotated=True))
+    counts = compiled(grouped_attention(rotated="scaled"))
     assert counts["GroupQueryAttention"] == 1 and not counts["Expand"]
     # Q and K come from their rotated heads, so the three projections stay apart.
     assert counts["MatMul"] == 4
+
+
+def test_a_rotary_embedding_of_heads_merged_back_rotates_the_merged_tensor():
+    counts = compiled(grouped_attention(rotated="rope"))
+    # RotaryEmbedding reads Q's and K's projections as they are, its heads counted by
+    # num_heads: no head split and no merge is left around it.
+    assert counts == {"MatMul": 4, "Add": 3, "RotaryEmbedding": 2, "GroupQueryAttention": 1}
 
 
 def test_an_open_batch_reads_the_sequence_lengths_at_run_time():

@@ -43,6 +43,7 @@ from graphopt.option_names import option
 from graphopt.passes.base import register
 from graphopt.passes.fusion.attention_masks import adds_nothing
 from graphopt.passes.fusion.group_query import GroupQueryCausalAttention
+from graphopt.passes.fusion.rotary_heads import RotaryOnMergedHeads
 from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.fusion.merge_copies import merge_source
 from graphopt.passes.fusion.packed_heads import PackedHeadSlice, PackedProjectionAttention
@@ -746,7 +747,7 @@ class FuseAttention(RulePass):
                   "one projection already packs them (ViT's qkv)"
     rules = (WindowMask, ScaledDotProductAttention, PackedGuardedSelfAttention,
              PackedSelfAttention, PackedHeadSlice, PackedProjectionAttention,
-             GroupQueryCausalAttention)
+             GroupQueryCausalAttention, RotaryOnMergedHeads)
 
 
 __all__ = ["FuseAttention"]
