@@ -187,3 +187,25 @@ def test_a_resize_with_opset_18s_attributes_set_stays_on_the_host(target):
     assert placed["b"].device == "cpu" and "antialias=1 of Resize: takes 0" in placed["b"].reason
     assert placed["c"].device == "cpu"
     assert "keep_aspect_ratio_policy='not_larger'" in placed["c"].reason
+
+
+@pytest.mark.parametrize("target", NPU_TARGETS)
+def test_scatters_whose_reduction_cann_does_not_take_stay_on_the_host(target):
+    # CANN's ScatterElements runs a max or min reduction as an overwrite, and its ScatterND
+    # refuses mul: a GNN's max aggregation had been placed on the NPU.
+    model = load_onnx(parse_model("""
+        g (float[8,4] d, int64[20,4] i, float[20,4] u, int64[20,1] j)
+            => (float[8,4] add, float[8,4] mx, float[8,4] mul, float[8,4] nd_add,
+                float[8,4] nd_mul, float[8,4] nd_min) {
+            add = ScatterElements <reduction = "add"> (d, i, u)
+            mx = ScatterElements <reduction = "max"> (d, i, u)
+            mul = ScatterElements <reduction = "mul"> (d, i, u)
+            nd_add = ScatterND <reduction = "add"> (d, j, u)
+            nd_mul = ScatterND <reduction = "mul"> (d, j, u)
+            nd_min = ScatterND <reduction = "min"> (d, j, u)
+        }""", header='<ir_version: 9, opset_import: ["" : 18]>\n'))
+    infer_shapes(model)
+    placed = {n.outputs[0].name: p for n, p in place(model, load_target(target)).items()}
+    assert {name for name, p in placed.items() if p.device == "npu"} == {"add", "mul", "nd_add"}
+    assert "reduction='max' of ScatterElements: takes none, add, mul" in placed["mx"].reason
+    assert "reduction='mul' of ScatterND: takes none, add" in placed["nd_mul"].reason
