@@ -339,3 +339,27 @@ def test_pipeline_fuses_bias_gelu_when_the_bias_comes_first():
     counts = [n.qualified_op for n in result.model.graph]
     assert counts.count("com.microsoft::BiasGelu") == 2, counts
     check_numerics(proto, result.model)
+
+
+@pytest.mark.parametrize("approximate, fused", [(None, "com.microsoft::BiasGelu"),
+                                                ("none", "com.microsoft::BiasGelu"),
+                                                ("tanh", "com.microsoft::FastGelu")])
+def test_onnx_gelu_of_a_biased_input_fuses_with_its_bias(approximate, fused):
+    # Opset 20's own Gelu, which the dynamo exporter writes for nn.GELU after a Linear.
+    attribute = f' <approximate = "{approximate}">' if approximate else ""
+    proto = onnx.parser.parse_model(
+        '<ir_version: 9, opset_import: ["" : 20]>\n'
+        f"g (float[N, {WIDTH}] x) => (float[N, {WIDTH}] y) <{BIAS}> {{\n"
+        f"  a = Add(x, b)\n  y = Gelu{attribute}(a)\n}}")
+    model, stats, _ = fuse(proto)
+    assert [n.qualified_op for n in model.graph] == [fused]
+    check_numerics(proto, model)
+
+
+def test_onnx_gelu_reading_a_bias_something_else_reads_stays():
+    proto = onnx.parser.parse_model(
+        '<ir_version: 9, opset_import: ["" : 20]>\n'
+        f"g (float[N, {WIDTH}] x) => (float[N, {WIDTH}] y, float[N, {WIDTH}] z) <{BIAS}> {{\n"
+        "  a = Add(x, b)\n  y = Gelu(a)\n  z = Neg(a)\n}")
+    model, stats, _ = fuse(proto)
+    assert stats == {}
