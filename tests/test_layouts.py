@@ -181,3 +181,34 @@ def test_1d_and_3d_convs_read_their_device_formats():
     assert layout.formats == {"a": NDC1HWC0, "y": NDC1HWC0}
     assert layout.weights == {"w": FRACTAL_Z_3D}
     assert conversions(layout) == [("x", "ND", NDC1HWC0), ("y", NDC1HWC0, "ND")]
+
+
+def _dense_block(growth: int, axis: int = 1) -> onnx.ModelProto:
+    """Two convs whose outputs a Concat joins and a third conv reads (a DenseNet's or an
+    RRDB's dense connection), `growth` channels each, joined along `axis`."""
+    joined = [1, 2 * growth, 14, 14] if axis == 1 else [1, growth, 28, 14]
+    return build(f"""
+        g (float[1,{growth},14,14] x) => (float[1,16,{joined[2]},14] y) {{
+            a = Conv <pads = [1,1,1,1]> (x, w1)
+            b = Conv <pads = [1,1,1,1]> (a, w2)
+            c = Concat <axis = {axis}> (a, b)
+            y = Conv <pads = [1,1,1,1]> (c, w3)
+        }}""", w1=weight(growth, growth, 3, 3), w2=weight(growth, growth, 3, 3),
+                 w3=weight(16, joined[1], 3, 3))
+
+
+def test_a_concat_of_whole_channel_blocks_joins_them_in_nc1hwc0():
+    layout = layout_of(_dense_block(32))
+    assert layout.formats["c"] == NC1HWC0
+    assert conversions(layout) == [("x", "ND", NC1HWC0), ("y", NC1HWC0, "ND")]
+    # Along H the channels need not fill blocks: the Concat joins rows of whole pixels.
+    layout = layout_of(_dense_block(24, axis=2))
+    assert layout.formats["c"] == NC1HWC0 and len(layout.transdata) == 2
+
+
+def test_a_concat_of_channels_that_split_a_block_reads_them_nd():
+    # 24 channels end inside their second 16-channel block: joined in NC1HWC0, the second
+    # input's channels would start after padding.
+    layout = layout_of(_dense_block(24))
+    assert "c" not in layout.formats
+    assert ("a", NC1HWC0, "ND") in conversions(layout)

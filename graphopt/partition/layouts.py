@@ -5,8 +5,9 @@ The DaVinci cube reads activations of conv nets as NC1HWC0 (channels split into 
 C0 = 16 fp16 / 32 int8 values, innermost), conv weights as FRACTAL_Z and matmul operands as
 FRACTAL_NZ (16×16 fractals). Host tensors are ND (NCHW). A first assignment converts around every
 cube and pooling op (the naive form); then format-agnostic ops (elementwise on equal shapes, or with
-a constant operand) take the format their inputs arrive in, which cancels each pair of
-conversions that meet across them — GE's TransData elimination. Weights are converted once at
+a constant operand, and a Concat of blocked activations along whole C0 blocks or another axis)
+take the format their inputs arrive in, which cancels each pair of conversions that meet across
+them — GE's TransData elimination. Weights are converted once at
 compile time. onnxruntime cannot run these formats, so they stay annotations in the artifact: the
 partition models keep ND tensors and the stand-in provider runs them unchanged. An NPU whose
 profile has no cube engine gets no formats: they are the cube's.
@@ -151,12 +152,32 @@ def _formats(part: Partition, device,
                 and len(shapes) == 1 and None not in shapes
                 and all(o is None or o.shape in shapes for o in node.outputs)):
             follow = next(iter(device_formats))
+        elif propagate and len(device_formats) == 1 and _concat_in_blocks(node, data):
+            follow = next(iter(device_formats))
         for index, value in data:
             wanted[(node, index)] = follow or _wants(node, index, device)
         for value in node.outputs:
             if value is not None:
                 stored[value] = follow or _makes(node, device)
     return stored, wanted
+
+
+def _concat_in_blocks(node: Node, data: list[tuple[int, Value]]) -> bool:
+    """Whether a Concat of blocked activations (NC1HWC0, NDC1HWC0) joins them as they are
+    stored: along N or a spatial axis always, along C when each input's channels fill whole C0
+    blocks (16 values, 32 for int8), where it joins their C1 blocks (a DenseNet's or an RRDB's
+    channel Concat of 32-channel growths); none of its inputs is a weight."""
+    if node.op_type != "Concat" or not node.is_onnx or len(data) != len(node.inputs):
+        return False
+    shapes = [v.shape for _, v in data]
+    if any(s is None or len(s) not in (4, 5) for s in shapes) or len({len(s) for s in shapes}) != 1:
+        return False
+    axis = node.attr("axis")
+    axis = None if axis is None else axis % len(shapes[0])
+    if axis != 1:
+        return axis is not None
+    block = 32 if data_dtype(node) in ("int8", "uint8") else 16
+    return all(isinstance(s[1], int) and s[1] % block == 0 for s in shapes)
 
 
 def _conversions(part: Partition, stored: dict, wanted: dict) -> list[dict]:
