@@ -1204,3 +1204,11 @@ def test_a_weights_dequantize_joins_the_partition_that_reads_it():
     assert owner["d1"] is owner["a"] and owner["d2"] is owner["y"]
     for p in parts:  # no float weight leaves the partition it is dequantized in
         assert not {v.name for v in p.outputs} & {"d1", "d2"}
+
+
+def test_a_verdict_with_no_copies_either_way_says_so():
+    from graphopt.partition.partitioner import _verdict
+
+    assert _verdict(-3e-6, 0.0, "npu") == ("the npu would be 3.0 µs slower on them, and would "
+                                           "add no host↔device copies")
+    assert _verdict(-3e-6, 2e-5, "npu").endswith("would add 20.0 µs of host↔device copies")

@@ -356,6 +356,8 @@ def _verdict(saved: float, copies: float, primary: str) -> str:
     copies (net: those it adds less those it removes)."""
     gain = (f"the {primary} would save {saved * 1e6:.1f} µs on them" if saved >= 0 else
             f"the {primary} would be {-saved * 1e6:.1f} µs slower on them")
+    if abs(copies) < 5e-8:  # (an island whose values cross either way: "0.0 µs" said nothing)
+        return gain + ", and would add no host↔device copies"
     return gain + (f", and would add {copies * 1e6:.1f} µs of host↔device copies" if copies >= 0
                    else f", which the {-copies * 1e6:.1f} µs of copies it would save does not "
                         "make up")
