@@ -448,3 +448,19 @@ def test_a_process_forked_before_the_sums_are_done_checks_them_itself(tmp_path, 
     assert status == 0 and verdict == b"refused", verdict
     with pytest.raises(ArtifactError, match="fails its sha256 check"):
         session.run({"X": np.ones((1, 512), np.float32)})
+
+
+def test_an_opened_file_closes_quietly_once_its_modules_globals_are_gone(tmp_path, monkeypatch):
+    # At interpreter exit a module's globals become None before the objects that use them go:
+    # an artifact still loaded then had printed "Exception ignored in OpenedFile.__del__".
+    import graphopt.codegen.om_file as om_file
+
+    path = tmp_path / "blob"
+    path.write_bytes(b"x" * 16)
+    opened = om_file.OpenedFile(os.open(path, os.O_RDONLY), str(path))
+    for name in [n for n in vars(om_file) if not n.startswith("__")]:
+        monkeypatch.setattr(om_file, name, None)
+    opened.__del__()  # no exception
+    monkeypatch.undo()
+    opened.close()
+    assert opened.closed

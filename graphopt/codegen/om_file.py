@@ -4,7 +4,6 @@ file deleted, the working directory changed)."""
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import stat
@@ -12,10 +11,10 @@ import stat
 from graphopt.errors import ArtifactError
 
 
-
 class ReplacedWhileLoading(ArtifactError):
     """The path named another file once the load had read this one (a save renamed a new
     artifact over it): loading again reads the new one whole."""
+
 
 class OpenedFile:
     """An open, read-only .om and the size, mtime and change time it had when opened."""
@@ -97,8 +96,11 @@ class OpenedFile:
         return self.fd < 0
 
     def __del__(self) -> None:
-        with contextlib.suppress(OSError, AttributeError, TypeError):
+        # No contextlib here: at interpreter exit the module's globals may already be None.
+        try:
             self.close()
+        except (OSError, AttributeError, TypeError):
+            pass
 
 
 def _location(label: str) -> str:
