@@ -914,3 +914,36 @@ def test_a_channel_scale_of_a_higher_rank_stays():
     _, stats, report = _fuse(_channel_norm(gamma_shape=(1, 1, 6, 1, 1)), trace="ChannelLayerNorm")
     assert stats == {}
     assert any("has a higher rank than" in line for line in report), report
+
+
+# Flax's nn.LayerNorm through jax2onnx: the variance from the first two moments, clamped at 0.
+MOMENTS = """
+    mean = ReduceMean <axes = [-1]> (x)
+    d = Sub(x, mean)
+    xx = Mul(x, x)
+    second = ReduceMean <axes = [-1]> (xx)
+    mm = Mul(mean, mean)
+    {variance}
+    ve = Add(clamped, eps)
+    std = Sqrt(ve)
+"""
+
+
+@pytest.mark.parametrize("variance", ["var = Sub(second, mm)\n clamped = Max(var, zero)",
+                                      "clamped = Sub(second, mm)"])
+@pytest.mark.parametrize("affine", ["n = Div(d, std)\n s = Mul(n, gamma)\n y = Add(s, beta)",
+                                    "n = Div(d, std)\n y = Add(n, beta)", "y = Div(d, std)"])
+def test_a_layernorm_of_two_moments_becomes_one_op(variance, affine):
+    proto = _model(MOMENTS.format(variance=variance) + affine)
+    model, stats, _ = _fuse(proto)
+    assert _ops(model) == ["LayerNormalization"], _ops(model)
+    _same_numerics(proto, model)
+
+
+def test_a_bias_after_a_layernorm_with_its_own_bias_adds_to_it():
+    proto = _model("""
+        n = LayerNormalization <axis = -1> (x, gamma, beta)
+        y = Add(n, beta)""")
+    model, stats, _ = _fuse(proto)
+    assert _ops(model) == ["LayerNormalization"] and stats == {"LayerNormThenBias": 1}
+    _same_numerics(proto, model)

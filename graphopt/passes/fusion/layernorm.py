@@ -45,15 +45,23 @@ def _mean(op, v, key: str):
     return op.ReduceMean(v, axes_input, axes=Attr(f"{key}_axes"), keepdims=Attr(f"{key}_keep", 1))
 
 
-def _norm(op, x, centre: bool = True, square: str = "pow", inverse: str = "div", cast=False):
+def _norm(op, x, centre: bool = True, square: str = "pow", inverse: str = "div", cast=False,
+          moments: bool = False):
     """d / √(mean(d²) + ε), d = x - mean(x) (LayerNorm) or x (RMSNorm); square: Pow, Mul or
     either ("any"); the division: Div by √· or ·^½, ·Reciprocal(√·), ·(1 / √·), ·Pow(·, -½),
-    or any of the three products ("rsqrt"); `cast`: on Cast(x → f32), cast back."""
+    or any of the three products ("rsqrt"); `cast`: on Cast(x → f32), cast back; `moments`:
+    the variance as mean(x²) − mean(x)², clamped at 0 or not (Flax's `use_fast_variance`)."""
     xf = op.Cast(x, to=Attr("cast_in")) if cast else x
-    d = op.Sub(xf, _mean(op, xf, "mean")) if centre else xf
-    squared = {"pow": lambda: op.Pow(d, EXACT_2), "mul": lambda: op.Mul(d, d),
-               "any": lambda: OneOf(op.Pow(d, EXACT_2), op.Mul(d, d))}[square]()
-    ms = op.Add(_mean(op, squared, "var"), EPS)
+    mean = _mean(op, xf, "mean")
+    d = op.Sub(xf, mean) if centre else xf
+    if moments:
+        second = _mean(op, OneOf(op.Mul(xf, xf), op.Pow(xf, EXACT_2)), "var")
+        variance = op.Sub(second, OneOf(op.Mul(mean, mean), op.Pow(mean, EXACT_2)))
+        ms = op.Add(OneOf(op.Max(variance, Const(0.0, rtol=0.0)), variance), EPS)
+    else:
+        squared = {"pow": lambda: op.Pow(d, EXACT_2), "mul": lambda: op.Mul(d, d),
+                   "any": lambda: OneOf(op.Pow(d, EXACT_2), op.Mul(d, d))}[square]()
+        ms = op.Add(_mean(op, squared, "var"), EPS)
     y = {"div": lambda: op.Div(d, OneOf(op.Sqrt(ms), op.Pow(ms, 0.5))),
          "reciprocal": lambda: op.Mul(d, op.Reciprocal(op.Sqrt(ms))),
          "one_over": lambda: op.Mul(d, op.Div(1.0, op.Sqrt(ms))),
@@ -169,6 +177,56 @@ class LayerNormRsqrt(_LayerNorm):
     through the dynamo exporter), 1 / √· (through TorchScript) or ·^-½, the square Pow or Mul."""
     def pattern(self, op, x, gamma, beta):
         return op.Add(op.Mul(_norm(op, x, square="any", inverse="rsqrt"), gamma), beta)
+
+
+class LayerNormMoments(_LayerNorm):
+    """(x - μ) / √(max(mean(x²) − μ², 0) + ε) · γ + β: Flax's nn.LayerNorm (its default
+    `use_fast_variance`) through jax2onnx, and GroupNorm's form; the division also as rsqrt.
+    onnxruntime's kernel takes the variance from the same two moments."""
+    def pattern(self, op, x, gamma, beta):
+        return op.Add(op.Mul(OneOf(_norm(op, x, moments=True),
+                                   _norm(op, x, inverse="rsqrt", moments=True)), gamma), beta)
+
+
+class LayerNormMomentsNoAffine(_LayerNorm):
+    """LayerNormMoments with neither γ nor β (use_scale=False, use_bias=False)."""
+    def pattern(self, op, x):
+        return _norm(op, x, moments=True)
+
+
+class LayerNormThenBias(Rule):
+    """LayerNormalization over the last axis, then + β (a constant over that axis) → the same
+    LayerNormalization with β as its bias (added to any bias it had): where a freshly built
+    model's γ of ones went with its Mul (EliminateNoOps), the norm had fused without its
+    affine part and kept the bias Add beside it (Flax's LayerNorm through jax2onnx)."""
+
+    emits = (("", "LayerNormalization"),)
+    dtypes = FLOATS
+
+    def pattern(self, op, x, scale, bias, beta):
+        return op.Add(op.LayerNormalization(x, scale, Optional(bias), axis=Attr("axis", -1),
+                                            epsilon=Attr("eps", 1e-5),
+                                            stash_type=Attr("stash", 1)), beta)
+
+    def check(self, x, scale, beta, axis=-1, bias=None):
+        if x.shape is None or not x.shape or not isinstance(x.shape[-1], int) \
+                or axis not in (-1, len(x.shape) - 1):
+            return f"the norm is not over the known last axis of %{x.name}"
+        c, shape = x.shape[-1], tuple(beta.shape or ())
+        if not beta.is_constant or any(d != 1 for d in shape[:-1]) \
+                or shape[-1:] not in ((), (1,), (c,)) or len(shape) > len(x.shape):
+            return f"%{beta.name} is not a constant that broadcasts to exactly [{c}]"
+        if bias is not None and not bias.is_constant:
+            return f"the norm's bias %{bias.name} is not a constant"
+        return None
+
+    def rewrite(self, op, x, scale, beta, eps=1e-5, stash=1, bias=None, **_):
+        c = x.shape[-1]
+        total = np.broadcast_to(beta.constant().reshape(-1), (c,)).astype(x.dtype.numpy)
+        if bias is not None:
+            total = total + bias.constant().reshape(-1)
+        return op.LayerNormalization(x, scale, op.const(np.ascontiguousarray(total)), axis=-1,
+                                     epsilon=eps, stash_type=stash)
 
 
 class LayerNormNoAffine(_LayerNorm):
@@ -459,11 +517,11 @@ class FuseLayerNorm(RulePass):
     # A rule with γ precedes its twin without, which would take the norm and leave the Mul; the
     # Cast form precedes the plain ones, which would take the norm between the Casts.
     rules = (SkipLayerNormDecomposed, LayerNormDecomposed, LayerNormMulSquare, LayerNormCast,
-             LayerNormRsqrt, LayerNormBatchnorm, SkipLayerNormNoAffine, LayerNormNoAffine,
-             LayerNormNoAffineRsqrt, SkipLayerNorm, ChannelLayerNorm, ChannelLayerNormRsqrt,
+             LayerNormRsqrt, LayerNormMoments, LayerNormBatchnorm, SkipLayerNormNoAffine,
+             LayerNormNoAffine, LayerNormNoAffineRsqrt, LayerNormMomentsNoAffine, SkipLayerNorm, ChannelLayerNorm, ChannelLayerNormRsqrt,
              RmsNormDiv, RmsNormReciprocal, RmsNormOneOver, RmsNormPowHalf, RmsNormMulSquare,
              RmsNormMulSquareReciprocal, RmsNormCast, RmsNormNoAffineCast, RmsNormNoAffineDiv,
-             RmsNormNoAffineMul)
+             RmsNormNoAffineMul, LayerNormThenBias)
 
 
 __all__ = ["FuseLayerNorm"]
