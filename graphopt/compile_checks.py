@@ -41,7 +41,27 @@ def check_input(model: Model, label: str, allow_custom_ops: bool = False,
             forget_disputed_sizes(model)  # onnxruntime's sizes: see disputed_shapes
         check_kernel_dtypes(model, label, skip_bfloat16=npu_bfloat16)
         check_operand_shapes(model, label)
-    return notes
+    return notes + (custom_ops_note(model) if allow_custom_ops else [])
+
+
+def custom_ops_note(model: Model) -> list[str]:
+    """The note a compile that keeps custom ops gets: onnxruntime runs them only with their
+    library registered, which graphopt's own runtime does not do (an .om holding them loads
+    but fails at its first run)."""
+    from graphopt.opcheck import runtime_schemas
+
+    known = {d for d, _ in runtime_schemas()} | {"", "ai.onnx", "ai.onnx.ml",
+                                                  "ai.onnx.preview.training"}
+    functions = model.function_keys()
+    custom = sorted({node.qualified_op for graph in model.graph.all_graphs() for node in graph
+                     if node.domain not in known and (node.domain, node.op_type) not in functions})
+    if not custom:
+        return []
+    shown = ", ".join(custom[:4]) + (f" and {len(custom) - 4} more" if len(custom) > 4 else "")
+    return [f"custom op(s) {shown} kept as they are: onnxruntime runs them only in a session "
+            "that registered their library, which graphopt's runtime (`graphopt run`, "
+            "`compare`, `graphopt.load`) does not do, so an .om holding them cannot run there; "
+            "write `-o model.onnx` and run it in your own session with the library registered"]
 
 
 def overridable_initializers(model: Model) -> list[str]:
