@@ -428,3 +428,36 @@ def test_scaled_operand_negatives(case):
 
 def test_pass_is_registered():
     assert PASSES["FuseMatMul"] is FuseMatMul
+
+
+@pytest.mark.parametrize("equation, w_shape, transposed", [
+    ("abc,cd->abd", (8, 6), False),      # jax2onnx's x @ W for a rank-3 x
+    ("bsh, hk -> bsk", (8, 6), False),   # spaces, as hand-written
+    ("abc,dc->abd", (6, 8), True),       # a torch-style weight [out, in]
+])
+def test_an_einsum_by_a_constant_matrix_becomes_a_matmul(equation, w_shape, transposed):
+    proto = build(f"""
+        g (float[2,5,8] x) => (float[2,5,6] y) {{
+            y = Einsum <equation = "{equation}"> (x, w)
+        }}""", w=weight(*w_shape))
+    out = optimize(proto).to_onnx()
+    assert [n.op_type for n in out.graph.node] == ["MatMul"]
+    weights = {t.name: list(t.dims) for t in out.graph.initializer}
+    assert weights[out.graph.node[0].input[1]] == ([8, 6])
+    feeds = numerics.random_feeds(proto, seed=3)
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("equation, x_shape, w_shape, y_shape", [
+    ("abc,cd->adb", (2, 5, 8), (8, 6), (2, 6, 5)),   # the output in another order
+    ("abc,cd->abcd", (2, 5, 8), (8, 6), (2, 5, 8, 6)),  # no contraction
+    ("abc,bd->acd", (2, 8, 5), (8, 6), (2, 5, 6)),   # contracts an inner axis
+    ("aab,bc->ac", (3, 3, 8), (8, 6), (3, 6)),       # a diagonal
+])
+def test_an_einsum_that_is_no_plain_product_stays(equation, x_shape, w_shape, y_shape):
+    dims = lambda shape: ",".join(map(str, shape))  # noqa: E731
+    proto = build(f"""
+        g (float[{dims(x_shape)}] x) => (float[{dims(y_shape)}] y) {{
+            y = Einsum <equation = "{equation}"> (x, w)
+        }}""", w=weight(*w_shape))
+    assert ops(optimize(proto).model) == ["Einsum"]

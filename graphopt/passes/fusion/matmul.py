@@ -38,6 +38,7 @@ import numpy as np
 from graphopt.ir import DType
 from graphopt.ir.pattern import Attr, Const, OneOf, Optional, Var
 from graphopt.passes.base import register
+from graphopt.passes.fusion.einsum_matmul import EinsumAsMatMul
 from graphopt.passes.fusion.flattened_gemm import FlattenedGemm
 from graphopt.passes.rules import Rule, RulePass
 
@@ -348,7 +349,7 @@ class FuseMatMul(RulePass):
     description = "MatMul + bias into Gemm; transposes and scalar scales into Gemm/FusedMatMul"
     # Order matters within one sweep: a bias makes a Gemm before a transpose of A can claim the
     # MatMul, and the Mul/Div roots see FusedMatMuls the transpose rules made moments earlier.
-    rules = (FlattenedGemm, MatMulAddToGemm, TransposeIntoGemmA, TransposeIntoGemmB,
+    rules = (EinsumAsMatMul, FlattenedGemm, MatMulAddToGemm, TransposeIntoGemmA, TransposeIntoGemmB,
              TransposeIntoMatMulA, TransposeIntoMatMulB, ScaledMatMul, DividedMatMul,
              ScaledFusedMatMul, DividedFusedMatMul, ScaledOperandsMatMul,
              ScaledOperandsFusedMatMul, TransposeIntoFusedMatMulA, TransposeIntoFusedMatMulB)
