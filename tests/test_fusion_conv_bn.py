@@ -815,3 +815,19 @@ def test_a_batchnorm_declaring_its_training_outputs_is_not_folded(joined):
         out = graphopt.optimize(proto, level=level).to_onnx()
         assert "BatchNormalization" in [n.op_type for n in out.graph.node]
         np.testing.assert_allclose(numerics.run(out, x)["y"], expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_conv_transposes_bias_add_goes_into_its_bias(bias, group):
+    # jax2onnx writes Flax's ConvTranspose without its bias, then adds it.
+    text = f"""
+g (float[1, 4, 5, 5] x, float[4, {6 // group}, 3, 3] w{", float[6] b" if bias else ""},
+   float[1, 6, 1, 1] c) => (float[1, 6, 9, 9] y) {{
+    v = ConvTranspose <strides = [2, 2], pads = [1, 1, 1, 1], group = {group}> (x, w{", b" if bias else ""})
+    y = Add(v, c)
+}}"""
+    arrays = {"w": _f32(4, 6 // group, 3, 3, seed=5), "c": _f32(1, 6, 1, 1, seed=7)}
+    if bias:
+        arrays["b"] = _f32(6, seed=6)
+    _fires(_model(text, **arrays), "ConvTransposeAddBias", ["ConvTranspose"])

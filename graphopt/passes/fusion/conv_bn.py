@@ -336,6 +336,19 @@ class ConvAddBias(Rule):
                        **node.attrs)
 
 
+class ConvTransposeAddBias(ConvAddBias):
+    """ConvTranspose + constant [1, C, 1, 1] / [C, 1, 1] / scalar → the constant added to its
+    bias (jax2onnx writes Flax's ConvTranspose bias-less, then adds the bias)."""
+
+    def pattern(self, op, x, w, c):
+        return op.Add(op.ConvTranspose(x, w, Optional(Var("b")), _name="node"), c)
+
+    def rewrite(self, op, node, x, w, c, b=None):
+        bias = (_f64(b) if b is not None else 0.0) + _per_channel(c, node, w)
+        return op.ConvTranspose(x, w, op.const(bias.astype(c.constant().dtype), f"{w.name}_b"),
+                                **node.attrs)
+
+
 class ConvSubBias(ConvAddBias):
     """Conv − constant [1, C, 1, 1] / [C, 1, 1] / scalar → the constant taken from Conv's bias
     (a BatchNorm's mean as NHWC exporters spell it: Sub, then Mul, then Add)."""
@@ -560,8 +573,8 @@ class FuseConvBatchNorm(RulePass):
     # Pads first, so that a Conv they rebuild is still seen by the BatchNorm rules in this run.
     rules = (PadConv, PadAveragePool, PadMaxPool, ConvCropPads, ConvBatchNorm, ConcatBatchNorm,
              ConvTransposeBatchNorm, GemmBatchNorm, MatMulBatchNorm, MatMulFlattenBatchNorm,
-             MatMulReshapeBatchNorm, ConvAddBias, ConvSubBias, ConvMulScale, MatMulMulScale,
-             MatMulAddMulScale)
+             MatMulReshapeBatchNorm, ConvAddBias, ConvTransposeAddBias, ConvSubBias, ConvMulScale,
+             MatMulMulScale, MatMulAddMulScale)
 
 
 __all__ = ["FuseConvBatchNorm"]
