@@ -202,3 +202,34 @@ def test_each_shape_profile_decides_for_its_own_batch(tmp_path):
     session = graphopt.load(path)
     x = np.random.default_rng(1).standard_normal((1, 8, 32, 32)).astype(np.float32)
     assert session.run({"x": x})["scores"].shape == (1, 64)
+
+
+MLP = """g (float[1,256] x) => (float[1,256] y) {
+    a = Gemm <transB = 1> (x, w1)
+    r = Relu (a)
+    y = Gemm <transB = 1> (r, w2)
+}"""
+
+
+def test_small_one_row_gemms_pack_where_the_cpu_has_avx512():
+    # An MLP of small one-row GEMMs ran 1.17x as long unpacked on an AVX-512 CPU.
+    from graphopt.passes.infer_shapes import infer_shapes
+
+    model = load_onnx(parse_model(MLP, w1=weight(256, 256), w2=weight(256, 256)))
+    infer_shapes(model)
+    assert prepacking_pays(model) is False
+    assert prepacking_pays(model, wide_vectors=True) is True
+
+
+def test_a_classifier_head_among_convolutions_still_skips_packing_with_avx512():
+    text = """g (float[1,16,32,32] x) => (float[1,10] y) {
+        c = Conv <pads = [1,1,1,1]> (x, w)
+        p = GlobalAveragePool (c)
+        f = Flatten (p)
+        y = Gemm <transB = 1> (f, fc)
+    }"""
+    from graphopt.passes.infer_shapes import infer_shapes
+
+    model = load_onnx(parse_model(text, w=weight(64, 16, 3, 3), fc=weight(10, 64)))
+    infer_shapes(model)
+    assert prepacking_pays(model, wide_vectors=True) is False

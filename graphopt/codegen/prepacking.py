@@ -40,12 +40,24 @@ _PACKED_KERNELS = {
 _KNOWN_DOMAINS = {"", "com.microsoft", "com.microsoft.nchwc"}
 
 
-def prepacking_pays(model: Model) -> bool:
+# With AVX-512 (onnxruntime's MLAS on an AMD EPYC, bench/prepacking.py --rows 1) a one-row
+# GEMM of a mid-size weight runs 1.20-1.34x as long unpacked (768x3072, 2048x1000), where a
+# 4096x4096 one still runs 0.77x: below this many weight elements packing pays there, and a
+# model that spends a tenth of its multiply-adds or more on such GEMMs keeps it on (an MLP
+# forecaster of small Gemms had run 1.17x the original's time); a classifier's head among its
+# convolutions does not tip it.
+_WIDE_PACKED_BELOW = 1 << 22
+_WIDE_PACKED_SHARE = 0.1
+
+
+def prepacking_pays(model: Model, wide_vectors: bool = False) -> bool:
     """False when `model`, run on onnxruntime's CPU provider, has weights its kernels would
-    pre-pack (one-row GEMMs, fp32 convolutions) and no kernel whose runs gain from it."""
+    pre-pack (one-row GEMMs, fp32 convolutions) and no kernel whose runs gain from it.
+    `wide_vectors`: the CPU has AVX-512, where small one-row GEMMs run faster packed."""
     functions = {(f.domain, f.name) for f in model.functions}
     fixed: dict[int, bool] = {}
     packable = False
+    small_gemm_macs = all_macs = 0
     for node in model.graph:
         op = ("" if node.is_onnx else node.domain, node.op_type)
         if op in functions or op[0] not in _KNOWN_DOMAINS or op in _PACKED_KERNELS \
@@ -57,11 +69,37 @@ def prepacking_pays(model: Model) -> bool:
             if not _is_float32(node.input(0)) or _rows(node) != 1:
                 return True
             packable = True
+            size = _size(node.input(1))
+            all_macs += size
+            small_gemm_macs += size if size < _WIDE_PACKED_BELOW else 0
         elif op in _CONVS and len(node.inputs) > 1 and _fixed_at_load(node.input(1), fixed):
             if not _is_float32(node.input(0)):
                 return True
             packable = True
+            all_macs += _conv_macs(node)
+    if wide_vectors and small_gemm_macs >= _WIDE_PACKED_SHARE * all_macs > 0:
+        return True
     return not packable
+
+
+def _size(value: Value | None) -> int:
+    """Elements of a static value (a one-row GEMM's weight: its multiply-adds), else 0."""
+    shape = value.static_shape if value is not None else None
+    count = 1
+    for dim in shape or (0,):
+        count *= dim
+    return count
+
+
+def _conv_macs(node: Node) -> int:
+    """A convolution's multiply-adds: output elements × weight elements per output channel
+    (0 when a shape is not static)."""
+    weight, out = node.input(1), node.outputs[0] if node.outputs else None
+    shape = weight.static_shape if weight is not None else None
+    if not shape or out is None or out.static_shape is None:
+        return 0
+    channels = shape[1] if node.op_type == "ConvTranspose" else shape[0]
+    return _size(out) * _size(weight) // max(channels, 1)
 
 
 def _is_float32(value: Value | None) -> bool:

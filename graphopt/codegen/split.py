@@ -60,8 +60,17 @@ def om_partitions(partitioning: Partitioning, models: dict[str, Model],
         result.append(OmPartition(part.name, part.device, to_onnx(model), **cut,
                                   providers=list(device.providers), optimization_level=level,
                                   disabled_optimizers=disabled_optimizers(model, level),
-                                  prepack_weights=not on_cpu or prepacking_pays(model)))
+                                  prepack_weights=not on_cpu or prepacking_pays(
+                                      model, wide_vectors=device.nchwc_block_size == 16)))
     return result
+
+
+def _host_avx512() -> bool:
+    """Whether this CPU has AVX-512F (onnxruntime's NCHWc block of 16): a model compiled for
+    no target runs where it is compiled, as the `cpu` profile's "auto" block assumes."""
+    from graphopt.partition.target_ort import nchwc_block_size
+
+    return nchwc_block_size() == 16
 
 
 def _device_level(model: Model) -> str | None:
@@ -77,7 +86,7 @@ def portable_partition(name: str, model: Model) -> OmPartition:
     level = "disable" if shape_read_past_dispute(model) else None  # as in om_partitions
     return OmPartition(name, "cpu", to_onnx(model), optimization_level=level,
                        disabled_optimizers=disabled_optimizers(model, level),
-                       prepack_weights=prepacking_pays(model))
+                       prepack_weights=prepacking_pays(model, wide_vectors=_host_avx512()))
 
 
 # onnxruntime's WeightBiasQuantization (1.20 on, "basic" level) quantizes the float weight of
