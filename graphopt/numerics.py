@@ -184,11 +184,17 @@ def random_inputs_hint(source: str, pinned: bool, feeds: str | None = None,
     if pinned or not opened:
         return f" (on {source} inputs: give real inputs with {feeds})"
     cache = _kv_cache_inputs(signature)
+    named = f"{cache[0]}{' …' if len(cache) > 1 else ''}" if cache else ""
+    if cache and "head" in reason.lower():
+        # The cache's heads, which a fused kernel (GroupQueryAttention) checks against its
+        # attribute: a size the seeded 1 does not meet, not the mask's length.
+        return (f" (on {source} inputs, open dims 1, the KV cache's ({named}) too: give a "
+                f"real step's inputs with {feeds}, or sizes with {sizes})")
     if cache:  # its mask spans past + new tokens, a relation seeded dims of 1 do not keep
-        return (f" (on {source} inputs, open dims 1: a decoder with a KV cache ({cache[0]}"
-                f"{' …' if len(cache) > 1 else ''}) needs its attention mask as long as the "
-                f"past and the new tokens together: give a real step's inputs with {feeds}, or "
-                f"sizes with {sizes} that keep that sum)")
+        return (f" (on {source} inputs, open dims 1: a decoder with a KV cache ({named}) "
+                "needs its attention mask as long as the past and the new tokens together: "
+                f"give a real step's inputs with {feeds}, or sizes with {sizes} that keep that "
+                "sum)")
     return (f" (on {source} inputs, open dims 1: give real inputs with {feeds}, or "
             f"sizes with {sizes})")
 

@@ -974,3 +974,15 @@ def test_a_long_tensor_name_is_elided_in_the_table_and_kept_in_csv(tmp_path):
     table = format_report(report)
     assert max(map(len, table.splitlines())) < 200 and name[:20] in table and "…" in table
     assert any(row.name == name for row in report.intermediates)
+
+
+def test_a_kv_cache_whose_heads_onnxruntime_refuses_is_not_blamed_on_the_mask():
+    from graphopt.numerics import random_inputs_hint
+
+    signature = [{"name": "past_key_values.0.key", "shape": ["batch", "kv_heads", "past", 16]},
+                 {"name": "attention_mask", "shape": ["batch", "total"]}]
+    heads = ("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running "
+             "GroupQueryAttention node. Status Message: past_key dimension 3 should match the "
+             "packed KV head dimension, got 1 expected 16")
+    hint = random_inputs_hint("seeded", False, reason=heads, signature=signature)
+    assert "the KV cache's (past_key_values.0.key) too" in hint and "mask" not in hint
