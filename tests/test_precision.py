@@ -297,12 +297,13 @@ def test_bf16_with_the_refused_ops_denied_compiles_at_o3_for_the_cpu_target():
     # function; the host check judged the call as a bfloat16 op the CPU has no kernel for and
     # refused (naming graphopt::elementwise_0, which no deny list takes), though onnxruntime
     # inlines the body, whose Add is float32. Without the target the same model loaded.
+    # (c varies by row: a constant over the last axis alone would go into the norm's bias.)
     proto = parse_model("""
         g (float[2,4] x) => (float[2,4] y) {
             n = LayerNormalization <axis = -1> (x, s, b)
             y = Add(n, c)
         }""", s=RNG.standard_normal(4).astype(np.float32), b=np.zeros(4, np.float32),
-        c=np.ones(4, np.float32))
+        c=np.arange(8, dtype=np.float32).reshape(2, 4))
     result = graphopt.optimize(proto, level=3, target="cpu", precision="bf16",
                                pass_options={"precision_deny": {"Add"},
                                              "precision_allow": {"LayerNormalization"}})
