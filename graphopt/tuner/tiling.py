@@ -10,7 +10,8 @@ channels is 9 GEMMs 16 channels wide, not 144 one channel wide.
 A conv's shape also carries its ConvGeometry (input, output and kernel sizes, strides,
 dilations): its A operand is never an im2col matrix in GM. The feature map sits in GM as
 NC1HWC0, MTE2 moves the input band an M-tile's output pixels need (halo included) into L1, and
-MTE1's load3d (Img2Col) expands it on the way to L0A; conv_reads gives that band's size.
+MTE1's load3d (Img2Col) expands it on the way to L0A: ConvGeometry.band and conv_reads size
+what GM supplies (the formulas and their sources: npu_model.py).
 
 A `Tiling` cuts C into base_m × base_n output tiles, each accumulated over ceil(K/base_k)
 K-steps of an A tile (base_m × base_k) and a B tile (base_k × base_n). Per AI core:
