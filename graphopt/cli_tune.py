@@ -494,4 +494,10 @@ def _cmd_kb_import(args) -> int:
     else:
         why = f" (the knowledge base holds the tilings of all {counts['kernels']} already)"
     print(f"imported {added} kernel tiling(s) from {source}{why}")
+    legacy = counts.get("legacy") or []
+    if legacy:  # an export of before 2026-12-07
+        print(f"left out {len(legacy)} conv kernel(s) keyed without the conv's geometry "
+              f"({legacy[0]}{', …' if len(legacy) > 1 else ''}), as graphopt wrote them before "
+              "2026-12-07, tuned when a conv was priced as reading its im2col matrix from GM: "
+              "no compile looks them up; `graphopt tune` the model again for them")
     return 0

@@ -231,13 +231,13 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
     from graphopt.tuner.records import SOURCE_TUNED, kernel_records
 
     partitioning = result.partitioning
-    tilings, no_gain, other_dtype = None, [], {}
+    tilings, no_gain, other_dtype, legacy = None, [], {}, []
     if tuning_db:
         from graphopt.tuner.kb import tuned_tilings
 
         foreign: list[str] = []
         tilings = tuned_tilings(tuning_db, result.model, partitioning, skipped=foreign,
-                                no_gain=no_gain, other_dtype=other_dtype)
+                                no_gain=no_gain, other_dtype=other_dtype, legacy=legacy)
         if foreign:  # another Optuna client's or an edited trial: not worth failing a compile
             result.notes.append(
                 f"{option('tuning_db')}: left out {len(foreign)} trial(s) that record no tiling "
@@ -255,6 +255,11 @@ def _om_plan(result: OptimizeResult, tuning_db: str | None, prefix: str = ""):
             kept += (f"; {len(other_dtype)} other(s) have tilings stored for their shapes in "
                      f"{held} only, another cube dtype (graphopt tune with this compile's "
                      "precision options fills theirs)")
+        if legacy:  # tuned before conv signatures named the geometry the cost model prices
+            kept += (f"; {len(legacy)} conv(s) have tilings stored only under the GEMM-only "
+                     "signature graphopt wrote before 2026-12-07, tuned when a conv was priced "
+                     "as reading its im2col matrix from GM, which no compile applies "
+                     "(graphopt tune fills theirs)")
         result.notes.append(f"{option('tuning_db')}: tuned tilings for {tuned} of {len(cube)} "
                             f"NPU cube kernel(s) on {partitioning.target.shown}{where}{kept}"
                             + ("" if tuned or no_gain else

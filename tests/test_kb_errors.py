@@ -398,7 +398,10 @@ def test_kb_import_of_a_damaged_entry_names_it_and_imports_nothing(built, tmp_pa
                                                   "not bfloat16"),
             (name.replace("_m", "_m0"), "not the signature graphopt writes for that kernel "
                                         f"\\({re.escape(name)}\\)"),
-            (re.sub(r"_m\d+", "_m99999999999999999999", name), "a dim above 2147483647"),
+            # 2**40 output pixels: a whole number of the conv's 32×32 outputs, past int32.
+            (re.sub(r"_m\d+", f"_m{2 ** 40}", name), "a dim above 2147483647"),
+            # A geometry its GEMM cannot have.
+            (name.replace("_f3x3", "_f5x5"), ".*K 144 is not a whole number of 5x5 kernels"),
             (name.replace("ascend310", "cpu"), "target cpu has no NPU cube")):
         doc["kernels"] = {kernel: dict(entry, tiling=good_tiling)}
         export.write_text(json.dumps(doc))
@@ -561,7 +564,7 @@ def test_tune_of_a_dynamic_model_names_the_inputs_to_pin(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "tune", model, "--target", "ascend310", "--tuning-db", db,
                            "--trials", "2", "-q", "--input-shape", "x:1,16,32,32")
     assert rc == 0, err
-    assert "ascend310/conv/b1_m1024_k144_n16/float16" in out
+    assert "ascend310/conv/b1_m1024_k144_n16_i32x32_o32x32_f3x3_s1x1_d1x1/float16" in out
 
 
 # --- 6. the --plot picture ---------------------------------------------------------------------
@@ -705,6 +708,36 @@ def test_optimize_says_what_the_knowledge_base_gave(built, tmp_path, capsys):
                                "--target", target, "--tuning-db", built["db"])
         assert rc == 0, err
         assert f"note: --tuning-db: {expected}" in out
+
+
+def test_a_conv_tuned_before_signatures_named_its_geometry_is_not_applied(built, tmp_path,
+                                                                          capsys):
+    # Until 2026-12-07 a conv's key was its GEMM alone, and its tilings were tuned when the
+    # cost model charged its im2col matrix as GM traffic: one key stood for convs now priced
+    # apart. A compile applies none of them and says so; kb import leaves them out.
+    from graphopt.partition.target import load_target
+    from graphopt.tuner.search import open_study
+    from graphopt.tuner.signature import parse_signature
+    from graphopt.tuner.storage import opened
+
+    legacy = "ascend310/conv/b1_m1024_k144_n16/float16"
+    old = tmp_path / "old.db"
+    with opened(f"sqlite:///{old}") as store:
+        open_study(store, legacy, parse_signature(legacy)[2], load_target("ascend310").device("npu"))
+    rc, out, err = run_cli(capsys, "optimize", built["model"], "-o", tmp_path / "m.om",
+                           "--target", "ascend310", "--tuning-db", old)
+    assert rc == 0, err
+    assert "note: --tuning-db: tuned tilings for 0 of 2 NPU cube kernel(s) on ascend310; 2 " \
+           "conv(s) have tilings stored only under the GEMM-only signature graphopt wrote " \
+           "before 2026-12-07" in out
+    rc, out, err = run_cli(capsys, "kb", "export", tmp_path / "old.json", "--tuning-db", old)
+    assert rc == 0 and legacy in (tmp_path / "old.json").read_text(), err
+    rc, out, err = run_cli(capsys, "kb", "import", tmp_path / "old.json", "--tuning-db",
+                           tmp_path / "new.db")
+    assert rc == 0, err
+    assert out.startswith("imported 0 kernel tiling(s)")
+    assert f"left out 1 conv kernel(s) keyed without the conv's geometry ({legacy})" in out
+    assert not (tmp_path / "new.db").exists()
 
 
 def test_the_tuning_note_is_said_per_shape_profile_and_not_without_cube_kernels(built, tmp_path,

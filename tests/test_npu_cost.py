@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import onnx
 import onnx.parser
@@ -18,7 +19,8 @@ from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.tuner import (GemmShape, Tiling, best_tiling, default_tiling, estimate, feasible,
                             gemm_shape, group_estimate, model_estimate, tiling_space,
                             transfer_estimate, vector_estimate)
-from graphopt.tuner.signature import node_signature
+from graphopt.tuner.signature import node_signature, parse_signature
+from graphopt.tuner.tiling import ConvGeometry
 
 NPUS = ("ascend310", "ascend310b", "ascend910b")
 HEADER = '<ir_version: 8, opset_import: ["" : 17]>\n'
@@ -39,16 +41,26 @@ def the(model, op_type):
     return node
 
 
+def conv(cin: int, size: int, cout: int, kernel: int, stride: int = 1, pad: int = 0,
+         dtype: str = "float16", batch: int = 1, dilation: int = 1) -> GemmShape:
+    """The GemmShape gemm_shape gives a square 2-D Conv (with its geometry)."""
+    out = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    geometry = ConvGeometry((size, size), (out, out), (kernel, kernel), (stride, stride),
+                            (dilation, dilation))
+    return GemmShape(1, batch * out * out, cin * kernel * kernel, cout, dtype, geometry)
+
+
 SHAPES = {
     "matmul_256": GemmShape(1, 256, 256, 256, "float16"),
     "bert_qkv": GemmShape(1, 128, 768, 768, "float16"),
     "bert_ffn": GemmShape(1, 128, 768, 3072, "float16"),
     "bert_ffn_int8": GemmShape(1, 128, 768, 3072, "int8"),
-    "resnet_conv1": GemmShape(1, 112 * 112, 3 * 7 * 7, 64, "float16"),
-    "resnet_3x3_64": GemmShape(1, 56 * 56, 64 * 9, 64, "float16"),
-    "resnet_1x1_256": GemmShape(1, 56 * 56, 256, 64, "float16"),
-    "resnet_3x3_512": GemmShape(1, 7 * 7, 512 * 9, 512, "float16"),
-    "resnet_1x1_2048": GemmShape(1, 7 * 7, 1024, 2048, "float16"),
+    "resnet_conv1": conv(3, 224, 64, 7, 2, 3),
+    "resnet_3x3_64": conv(64, 56, 64, 3, 1, 1),
+    "resnet_1x1_256": conv(256, 56, 64, 1),
+    "resnet_3x3_512": conv(512, 7, 512, 3, 1, 1),
+    "resnet_1x1_2048": conv(1024, 7, 2048, 1),
+    "resnet_3x3_int8": conv(256, 14, 256, 3, 1, 1, "int8"),
     "attention_scores": GemmShape(12, 128, 64, 128, "float16"),
 }
 
@@ -174,13 +186,18 @@ def test_conv_transpose_is_a_cube_kernel_over_its_output_pixels():
     model = ir("g (float[1, 32, 16, 16] x, float[32, 16, 2, 2] w) => (y) {\n"
                "  y = ConvTranspose <strides = [2, 2]> (x, w)\n}")
     node = the(model, "ConvTranspose")
-    assert gemm_shape(node) == GemmShape(1, 32 * 32, 32 * 2 * 2, 16, "float32")
-    assert node_signature(node, "ascend310") == "ascend310/conv/b1_m1024_k128_n16/float16"
+    assert gemm_shape(node) == GemmShape(1, 32 * 32, 32 * 2 * 2, 16, "float32", ConvGeometry(
+        (16, 16), (32, 32), (2, 2), (2, 2), (1, 1), transposed=True))
+    assert node_signature(node, "ascend310") == \
+        "ascend310/conv/b1_m1024_k128_n16_i16x16_o32x32_f2x2_s2x2_d1x1_t/float16"
+    assert parse_signature(node_signature(node, "ascend310"))[2] == \
+        dataclasses.replace(gemm_shape(node), dtype="float16")
     grouped = ir("g (float[1, 32, 8, 8] x, float[32, 4, 3, 3] w) => (y) {\n"
                  "  y = ConvTranspose <group = 4, pads = [1, 1, 1, 1]> (x, w)\n}")
     # Its 4 groups of 8 → 4 channels packed into one GEMM, as a grouped Conv's are.
-    assert gemm_shape(the(grouped, "ConvTranspose")) == GemmShape(1, 64, 4 * 8 * 9, 16,
-                                                                  "float32")
+    assert gemm_shape(the(grouped, "ConvTranspose")).conv.inputs == (8, 8)
+    assert dataclasses.replace(gemm_shape(the(grouped, "ConvTranspose")), conv=None) == \
+        GemmShape(1, 64, 4 * 8 * 9, 16, "float32")
     # Depthwise, 64 channels on 56×56: one 1-wide GEMM per channel had priced it above the
     # dense ConvTranspose of 64 times the work.
     device = npu("ascend310")
@@ -264,9 +281,12 @@ def test_gemm_shape_of_nodes():
     assert gemm_shape(nodes["s"]) == GemmShape(24, 128, 64, 128, "float16")
     assert gemm_shape(nodes["f"]) == GemmShape(1, 128, 768, 3072, "float16")
     assert gemm_shape(nodes["g"]) == GemmShape(1, 128, 768, 3072, "float16")
-    assert gemm_shape(nodes["c"]) == GemmShape(1, 112 * 112, 3 * 49, 64, "float16")
+    assert gemm_shape(nodes["c"]) == GemmShape(1, 112 * 112, 3 * 49, 64, "float16", ConvGeometry(
+        (224, 224), (112, 112), (7, 7), (2, 2), (1, 1)))
+    assert gemm_shape(nodes["c"]) == conv(3, 224, 64, 7, 2, 3)
     # CANN packs 4 groups of 8 in, 4 out into one GEMM 32 wide in, 16 out.
-    assert gemm_shape(nodes["d"]) == GemmShape(2, 56 * 56, 4 * 8 * 9, 16, "float16")
+    assert gemm_shape(nodes["d"]) == GemmShape(2, 56 * 56, 4 * 8 * 9, 16, "float16", ConvGeometry(
+        (56, 56), (56, 56), (3, 3), (1, 1), (1, 1)))
     with pytest.raises(ValueError, match="not a cube op"):
         gemm_shape(nodes["g"].inputs[0].producer)
 
@@ -348,3 +368,222 @@ def test_the_default_tiling_takes_base_blocks_of_a_cube_not_a_multiple_of_16():
     tiling = default_tiling(shape, device)
     assert feasible(tiling, shape, device) is None
     assert (tiling.base_m, tiling.base_n, tiling.base_k) == (120, 120, 120)
+
+
+# --- a conv's A operand: input bands, not the im2col matrix ---------------------------------
+
+
+def _gemm(shape: GemmShape) -> GemmShape:
+    """The same GEMM priced as before convs carried their geometry: A read as im2col."""
+    return dataclasses.replace(shape, conv=None)
+
+
+def _sample(shape, device, step=7):
+    return list(itertools.islice(tiling_space(shape, device), 0, None, step))
+
+
+@pytest.mark.parametrize("target", ["ascend310", "ascend910b"])
+@pytest.mark.parametrize("name", ["resnet_conv1", "resnet_3x3_64", "resnet_3x3_512",
+                                  "resnet_3x3_int8"])
+def test_a_conv_reads_no_more_than_its_im2col_and_at_least_its_input(target, name):
+    # The model had charged the feature map kh·kw-fold: A's GM→L1 traffic was the im2col
+    # matrix, where MTE2 moves input bands and load3d expands them in L1→L0A. Whatever the
+    # tiling, the busiest core's share of the input is at least input / cores.
+    device = npu(target)
+    shape = SHAPES[name]
+    geometry = shape.conv
+    cin = shape.k // geometry.taps
+    input_bytes = cin * math.prod(geometry.inputs) * (1 if shape.dtype == "int8" else 2)
+    floor = input_bytes / device.memory_bandwidth * device.clock_hz
+    for tiling in _sample(_gemm(shape), device, 11):
+        conv_gm = estimate(shape, tiling, device).breakdown["gm_to_l1_cycles"]
+        assert floor <= conv_gm <= \
+            estimate(_gemm(shape), tiling, device).breakdown["gm_to_l1_cycles"] * (1 + 1e-9), tiling
+    default = estimate(shape, None, device).breakdown["gm_to_l1_cycles"]
+    assert default < estimate(_gemm(shape), None, device).breakdown["gm_to_l1_cycles"]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_a_1x1_conv_costs_what_its_gemm_does(stride, dtype):
+    # Its band is its own pixels (stride 1) or more than the sampled ones (stride 2), which a
+    # strided DMA reads instead: never more than the GEMM's A tile.
+    device = npu("ascend310")
+    shape = conv(256, 56, 128, 1, stride, dtype=dtype)
+    space = list(tiling_space(shape, device))
+    assert space == list(tiling_space(_gemm(shape), device))
+    for tiling in space[::13]:
+        assert estimate(shape, tiling, device).cycles == \
+            estimate(_gemm(shape), tiling, device).cycles
+    assert estimate(shape, None, device).cycles == estimate(_gemm(shape), None, device).cycles
+
+
+def test_a_strided_conv_reads_more_input_per_output_pixel():
+    # One GEMM (3136 × 576 × 64), two convs: stride 2 over 112×112 spans twice the input rows.
+    device = npu("ascend310")
+    dense, strided = conv(64, 56, 64, 3, 1, 1), conv(64, 112, 64, 3, 2, 1)
+    assert _gemm(dense) == _gemm(strided)
+    for tiling in [None] + _sample(dense, device, 17):
+        one = estimate(dense, tiling, device).breakdown["gm_to_l1_cycles"]
+        two = estimate(strided, tiling, device).breakdown["gm_to_l1_cycles"]
+        im2col = estimate(_gemm(dense), tiling, device).breakdown["gm_to_l1_cycles"]
+        # Equal only where both reach the im2col bound (tiles of a few pixels).
+        assert one < two <= im2col * (1 + 1e-9) or one == two == im2col, tiling
+    assert estimate(dense, None, device).cycles < estimate(strided, None, device).cycles
+
+
+@pytest.mark.parametrize("target", ["ascend310", "ascend910b"])
+def test_bigger_convs_are_never_cheaper_under_the_default(target):
+    device = npu(target)
+    sizes, channels = (7, 14, 28, 56), (16, 32, 64, 256)
+    for kernel, size, cin, cout in itertools.product((1, 3, 5), sizes, channels, channels):
+        base = estimate(conv(cin, size, cout, kernel, 1, kernel // 2), None, device).seconds
+        for bigger in ((cin * 2, size, cout), (cin, size * 2, cout), (cin, size, cout * 2),
+                       (cin + 16, size, cout), (cin, size + 1, cout)):
+            c, s, o = bigger
+            assert estimate(conv(c, s, o, kernel, 1, kernel // 2), None, device).seconds >= \
+                base * (1 - 1e-9), (kernel, size, cin, cout, bigger)
+        assert estimate(conv(cin, size, cout, kernel, 1, kernel // 2, batch=2), None,
+                        device).seconds >= base
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("case", [(56, 3, 1, 1, 1), (224, 7, 2, 3, 1), (14, 3, 1, 1, 1),
+                                  (28, 3, 1, 2, 2), (17, 5, 2, 2, 1), (56, 1, 2, 0, 1)])
+def test_the_band_is_the_input_rows_a_tile_spans(case, batch):
+    # Brute force: per image, the input rows from the first to the last a tile's taps reach
+    # (tiles of `run` output pixels start every `run`), whole rows of Wi, as CANN's M mode
+    # loads them, against ConvGeometry.band's mean and worst. The band counts the padding rows
+    # at the border up to the image's own rows (up to 15% over on these small images), and
+    # one halo for a tile crossing into the next image (3% under); a tile within one output
+    # row reads its window (HW mode): less than whole rows, more than its own input pixels.
+    size, kernel, stride, pad, dilation = case
+    geometry = conv(8, size, 8, kernel, stride, pad, dilation=dilation, batch=batch).conv
+    out = geometry.outputs[0]
+    m = batch * out * out
+    for run in (16, 64, 100, 128, 256, 512, 1024):
+        if run > m:
+            continue
+        spans, pixels = [], []
+        for start in range(0, m - run + 1, run):
+            rows, touched = {}, set()
+            for pixel in range(start, start + run):
+                image, oh, ow = pixel // (out * out), pixel % (out * out) // out, pixel % out
+                lo, hi = oh * stride - pad, oh * stride - pad + (kernel - 1) * dilation
+                first, last = rows.get(image, (max(0, lo), min(size - 1, hi)))
+                rows[image] = (min(first, max(0, lo)), max(last, min(size - 1, hi)))
+                touched |= {(image, h, w) for h in range(lo, hi + 1, dilation)
+                            for w in range(ow * stride - pad, ow * stride - pad
+                                           + (kernel - 1) * dilation + 1, dilation)
+                            if 0 <= h < size and 0 <= w < size}
+            spans.append(sum(last - first + 1 for first, last in rows.values()) * size)
+            pixels.append(len(touched))
+        mean, band = sum(spans) / len(spans), geometry.band(run, batch)
+        if run < out:
+            assert sum(pixels) / len(pixels) <= band < mean, run
+            continue
+        assert 0.97 * mean <= band <= 1.15 * mean, run
+        assert max(spans) <= geometry.band(run, batch, worst=True), run
+
+
+def test_a_tile_within_one_output_row_reads_its_window():
+    geometry = conv(3, 224, 64, 7, 2, 3).conv  # 112 outputs a row
+    assert geometry.band(16, 1) == 7 * (15 * 2 + 7)
+    assert geometry.band(1, 1) == 49  # one pixel: its window
+
+
+def test_k_steps_of_whole_channel_blocks_bring_each_band_once():
+    # K runs C1·kh·kw·C0: a 3×3 fp16 conv's block of 16 channels is 144 K elements. Loads of
+    # whole blocks bring each channel's band once; a load of 128 splits blocks, and a block
+    # split between two loads comes twice; a deeper L1 shares one load's band over its steps.
+    from graphopt.tuner.tiling import conv_reads
+
+    shape = conv(64, 56, 64, 3, 1, 1)
+    band = shape.conv.band(256, 1)
+    assert conv_reads(shape, 256, 144)[0] == pytest.approx(64 * band)
+    assert conv_reads(shape, 256, 288)[0] == pytest.approx(64 * band)
+    assert conv_reads(shape, 256, 576)[0] == pytest.approx(64 * band)
+    split = conv_reads(shape, 256, 128)[0]
+    assert 64 * band < split <= 2 * 64 * band
+    assert conv_reads(shape, 256, 256)[0] < split  # depth 2 of 128: fewer blocks split
+    device = npu("ascend310")
+    aligned = estimate(shape, Tiling(64, 64, 144, 1, True, 2), device)
+    misaligned = estimate(shape, Tiling(64, 64, 128, 1, True, 2), device)
+    assert aligned.breakdown["gm_to_l1_cycles"] < misaligned.breakdown["gm_to_l1_cycles"]
+
+
+@pytest.mark.parametrize("target", NPUS)
+def test_a_conv_fits_l1_where_its_gemm_does(target):
+    # The L1 holds a load's band, never more than its im2col: a tiling feasible for the GEMM is
+    # feasible for the conv, and a deep one the GEMM cannot hold may fit.
+    from graphopt.tuner.tiling import buffer_use
+
+    device = npu(target)
+    for name in ("resnet_conv1", "resnet_3x3_64", "resnet_3x3_512", "resnet_3x3_int8"):
+        shape = SHAPES[name]
+        gemm_space = set(tiling_space(_gemm(shape), device))
+        conv_space = set(tiling_space(shape, device))
+        assert gemm_space <= conv_space
+        for tiling in list(gemm_space)[::29]:
+            assert buffer_use(tiling, shape)["L1"] <= buffer_use(tiling, _gemm(shape))["L1"]
+    # 16 K-steps of 144 (one block of 16 channels each), 8 to a load of 112 pixels' bands.
+    deep = Tiling(112, 16, 144, 8, True, 1)
+    shape = conv(256, 14, 256, 3, 1, 1)
+    assert feasible(deep, _gemm(shape), npu("ascend910b")).startswith("L1 overflows")
+    assert feasible(deep, shape, npu("ascend910b")) is None
+    assert deep in set(tiling_space(shape, npu("ascend910b")))
+
+
+def test_grouped_and_transposed_convs_read_bands_too():
+    device = npu("ascend310")
+    depthwise = ir("g (float[1, 144, 56, 56] x, float[144, 1, 3, 3] w) => (y) {\n"
+                   "  y = Conv <group = 144, pads = [1, 1, 1, 1]> (x, w)\n}")
+    up = ir("g (float[1, 64, 28, 28] x, float[64, 32, 4, 4] w) => (y) {\n"
+            "  y = ConvTranspose <strides = [2, 2], pads = [1, 1, 1, 1]> (x, w)\n}")
+    for model, op in ((depthwise, "Conv"), (up, "ConvTranspose")):
+        shape = gemm_shape(the(model, op))
+        conv_gm = estimate(shape, None, device).breakdown["gm_to_l1_cycles"]
+        assert conv_gm < estimate(_gemm(shape), None, device).breakdown["gm_to_l1_cycles"]
+    # A ConvTranspose of stride 2 reads a quarter of the dilated input's pixels from GM.
+    shape = gemm_shape(the(up, "ConvTranspose"))
+    assert shape.conv.band(56 * 56, 1) == 28 * 28
+
+
+def test_conv_signatures_carry_the_geometry_and_parse_back():
+    # One GEMM, two convs priced apart: two kernels, two tunings.
+    from graphopt.tuner.signature import legacy_signature, signature
+
+    shape = conv(64, 56, 64, 3, 1, 1)
+    sig = signature("ascend310", "conv", shape)
+    assert sig == "ascend310/conv/b1_m3136_k576_n64_i56x56_o56x56_f3x3_s1x1_d1x1/float16"
+    assert parse_signature(sig) == ("ascend310", "conv", shape)
+    assert signature("ascend310", "conv", conv(64, 112, 64, 3, 2, 1)) != sig
+    assert legacy_signature(sig) == "ascend310/conv/b1_m3136_k576_n64/float16"
+    assert legacy_signature("ascend310/gemm/b1_m256_k256_n256/float16") is None
+    with pytest.raises(ValueError, match="names its geometry"):
+        signature("ascend310", "conv", _gemm(shape))
+    for text, why in (("gemm/b1_m3136_k576_n64_i56x56_o56x56_f3x3_s1x1_d1x1", "only a conv"),
+                      ("conv/b1_m3136_k576_n64_i56x56_o56_f3x3_s1x1_d1x1", "numbers of spatial"),
+                      ("conv/b1_m3000_k576_n64_i56x56_o56x56_f3x3_s1x1_d1x1", "M 3000"),
+                      ("conv/b1_m3136_k576_n64_i56x56_o56x56_f3x3_s0x1_d1x1", "below 1")):
+        with pytest.raises(ValueError, match=why):
+            parse_signature(f"ascend310/{text}/float16")
+    # A 3-D conv: 27 taps, its bands over depth and height.
+    model = ir("g (float[1, 32, 16, 28, 28] x, float[32, 32, 3, 3, 3] w) => (y) {\n"
+               "  y = Conv <pads = [1, 1, 1, 1, 1, 1]> (x, w)\n}")
+    node = the(model, "Conv")
+    shape = gemm_shape(node)
+    assert node_signature(node, "ascend310") == \
+        "ascend310/conv/b1_m12544_k864_n32_i16x28x28_o16x28x28_f3x3x3_s1x1x1_d1x1x1/float16"
+    assert parse_signature(node_signature(node, "ascend310"))[2] == \
+        dataclasses.replace(shape, dtype="float16")
+    from graphopt.tuner.tiling import conv_reads
+
+    # 128 pixels: one depth slice's 3 input slices of 7.4 rows of 28, against 27 taps each.
+    band = shape.conv.band(128, 1)
+    assert band == pytest.approx(3 * (1 + 124 / 28 + 2) * 28)
+    assert conv_reads(shape, 128, 864)[0] == pytest.approx(32 * band)
+    assert 32 * band < 128 * 864 / 5
+    device = npu("ascend310")
+    assert estimate(shape, None, device).breakdown["gm_to_l1_cycles"] < \
+        0.6 * estimate(_gemm(shape), None, device).breakdown["gm_to_l1_cycles"]

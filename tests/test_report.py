@@ -252,7 +252,8 @@ def test_tuning_db_gives_each_signature_its_study_and_curve(built, capsys, tmp_p
     tuning = section(text, "tuning")
     signatures = set(re.findall(r"<td>(ascend310/(?:conv|gemm)/[^<]+)</td>", tuning))
     assert signatures == {
-        "ascend310/conv/b1_m1024_k72_n32/float16", "ascend310/conv/b1_m1024_k288_n32/float16",
+        "ascend310/conv/b1_m1024_k72_n32_i32x32_o32x32_f3x3_s1x1_d1x1/float16",
+        "ascend310/conv/b1_m1024_k288_n32_i32x32_o32x32_f3x3_s1x1_d1x1/float16",
         "ascend310/gemm/b1_m1_k32_n64/float16"}
     curves = svgs(tuning)
     assert len(curves) == 2  # op studies, then the subgraph study

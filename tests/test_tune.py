@@ -26,7 +26,7 @@ from graphopt.cli_tune import add_kb_parser, add_tune_parser
 from graphopt.errors import OptionError
 from graphopt.partition.target import load_target
 from graphopt.tuner import GemmShape, default_tiling, estimate, tiling_space
-from graphopt.tuner.tiling import feasible
+from graphopt.tuner.tiling import ConvGeometry, feasible
 from graphopt.tuner.kb import best_tilings, export_kb, import_kb, list_kb, tuned_tilings
 from graphopt.tuner.records import kernel_records
 from graphopt.tuner.search import outside_space, trial_tiling, tune_kernel
@@ -34,6 +34,12 @@ from graphopt.tuner.signature import model_kernels, parse_signature, signature
 
 SHAPE = GemmShape(1, 256, 256, 256, "float16")
 SIG = "ascend310/gemm/b1_m256_k256_n256/float16"
+
+
+def _gemm_only(shape: GemmShape) -> GemmShape:
+    import dataclasses
+
+    return dataclasses.replace(shape, conv=None)
 
 
 @pytest.fixture(scope="module")
@@ -383,8 +389,12 @@ def test_two_imports_of_one_file_at_once_add_each_tiling_once(a310, tmp_path):
 def test_kb_export_import_round_trip(a310, tmp_path):
     src, dst = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
     tune_kernel(SHAPE, a310, target="ascend310", trials=15, storage=src)
-    conv = GemmShape(1, 1024, 144, 16, "float16")
+    conv = GemmShape(1, 1024, 144, 16, "float16",
+                     ConvGeometry((32, 32), (32, 32), (3, 3), (1, 1), (1, 1)))
     tune_kernel(conv, a310, target="ascend310", op_class="conv", trials=8, storage=src)
+    with pytest.raises(OptionError, match="a conv is priced by its geometry"):
+        tune_kernel(_gemm_only(conv), a310, target="ascend310", op_class="conv", trials=1,
+                    storage=src)
     assert export_kb(src, tmp_path / "kb.json") == 2
     assert import_kb(tmp_path / "kb.json", dst) == 2
     assert best_tilings(dst, "ascend310") == best_tilings(src, "ascend310")
@@ -706,7 +716,7 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
     assert _cli(["tune", path, "--target", "ascend310", "--trials", "20", "--tuning-db", db,
                  "--plot", plot]) == 0
     out = capsys.readouterr()
-    assert "ascend310/conv/b1_m1024_k144_n16/float16" in out.out
+    assert "ascend310/conv/b1_m1024_k144_n16_i32x32_o32x32_f3x3_s1x1_d1x1/float16" in out.out
     assert "speedup" in out.out and "whole model (estimate)" in out.out
     assert "kernel 1/1" in out.err
     # The next step: a compile applies the tilings only given the knowledge base.
@@ -728,7 +738,8 @@ def test_cli_tune_prints_the_table(tmp_path, capsys):
     assert _cli(["kb", "list", "--tuning-db", db, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)  # one document, for scripts
     (kernel,) = listed["kernels"]
-    assert kernel["signature"].endswith("b1_m1024_k144_n16/float16") and kernel["trials"] == 20
+    assert kernel["signature"].endswith("b1_m1024_k144_n16_i32x32_o32x32_f3x3_s1x1_d1x1/float16")
+    assert kernel["trials"] == 20
     assert listed["subgraph_studies"] == []
     assert _cli(["kb", "export", str(tmp_path / "kb.json"), "--tuning-db", db]) == 0
 

@@ -38,7 +38,8 @@ from graphopt.tuner.search import (
     tuned_on_another_profile,
     written_trials,
 )
-from graphopt.tuner.signature import is_signature, model_kernels, parse_signature, signature
+from graphopt.tuner.signature import (is_signature, legacy_signature, model_kernels,
+                                      parse_signature, signature)
 from graphopt.tuner.storage import opened, setup_lock
 from graphopt.tuner.tiling import Tiling, cube_dtype, default_tiling, tiling_from
 
@@ -125,7 +126,8 @@ def stored_tilings(storage: Any, target: str, *,
 def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
                   skipped: list[str] | None = None,
                   no_gain: list[str] | None = None,
-                  other_dtype: dict[str, str] | None = None) -> dict[str, Tiling]:
+                  other_dtype: dict[str, str] | None = None,
+                  legacy: list[str] | None = None) -> dict[str, Tiling]:
     """node name -> tuned tiling for the NPU cube nodes of a compiled model whose signature
     the knowledge base holds: of its stored tilings, the one this cost model prices lowest
     (search.best_priced, as tune's table). Nodes it has not seen keep the default (absent
@@ -133,7 +135,11 @@ def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
     are keyed by the target's name, which an edited copy of a profile keeps) and beats the
     default under this cost model; those nodes go into `no_gain`. A node whose shape the
     knowledge base holds in another dtype only (an int8 compile's tuning, applied to the float
-    one) goes into `other_dtype`, with that dtype. `skipped` as for best_tilings."""
+    one) goes into `other_dtype`, with that dtype. A conv node whose kernel the knowledge base
+    holds only under the signature an earlier graphopt wrote, without the conv's geometry
+    (signature.legacy_signature), keeps the default and goes into `legacy`: that tuning was
+    priced as if the conv read its im2col matrix from GM, and one such key stood for convs
+    now priced apart. `skipped` as for best_tilings."""
     target = partitioning.target
     stored = stored_tilings(storage, target.name, skipped=skipped)
     dtypes: dict[str, list[str]] = {}  # a signature without its dtype -> the dtypes stored
@@ -146,6 +152,8 @@ def tuned_tilings(storage: Any, model: Model, partitioning: Partitioning, *,
             held = dtypes.get(group.signature.rpartition("/")[0])
             if held and other_dtype is not None:
                 other_dtype.update({node: held[0] for node in group.nodes})
+            elif legacy is not None and legacy_signature(group.signature) in stored:
+                legacy.extend(group.nodes)
             continue
         device = target.device(group.device)
         tiling, _ = best_priced(stored[group.signature], group.shape, device)
@@ -446,6 +454,9 @@ def _import_entry(path, name: str, entry: Any, profiles: dict) -> tuple:
     if shape.dtype not in device.cube:
         raise OptionError(f"{path}: kernel '{name}': the {target_name} cube computes "
                           f"{', '.join(device.cube)}, not {shape.dtype}")
+    if op_class == "conv" and shape.conv is None:  # import_kb leaves these out before
+        raise OptionError(f"{path}: kernel '{name}': a conv signature without the conv's "
+                          "geometry (_i…_o…_f…_s…_d…), which no compile looks up")
     canonical = signature(target_name, op_class, shape)
     if canonical != name:  # `b01_m0256`: the same kernel, under a name no compile looks up
         raise OptionError(f"{path}: kernel '{name}': not the signature graphopt writes for "
@@ -502,10 +513,13 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     """Add each kernel of a JSON export as a completed trial of its signature's study; a new
     study gets the default tiling as trial 0, completed. Both times are the cost model's
     estimates of the tilings, not the export's numbers (which the export keeps for reading).
-    A tiling the study already completed is skipped. `targets`: profile files of the custom
-    targets the export's kernels name. Returns how many tuned trials it added; `counts`, when
-    given, receives the file's number of kernels ("kernels"). `option` names the storage in
-    errors."""
+    A tiling the study already completed is skipped. A conv kernel keyed without its
+    geometry (an export of before 2026-12-07, tuned when a conv was priced as reading its
+    im2col matrix from GM) is left out: no compile looks it up (signature.legacy_signature).
+    `targets`: profile files of the custom targets the export's kernels name. Returns how
+    many tuned trials it added; `counts`, when given, receives the file's number of kernels
+    it takes ("kernels") and the names of those it left out ("legacy"). `option` names the
+    storage in errors."""
     from graphopt.partition import load_target
 
     profiles = {}
@@ -516,8 +530,10 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
     kernels = doc.get("kernels") if isinstance(doc, dict) else None
     if not isinstance(kernels, dict):
         raise OptionError(f"{path}: no 'kernels' object (write one with graphopt kb export)")
+    legacy = sorted(name for name in kernels if _legacy_conv(name))
+    kernels = {name: entry for name, entry in kernels.items() if name not in legacy}
     if counts is not None:
-        counts["kernels"] = len(kernels)
+        counts["kernels"], counts["legacy"] = len(kernels), legacy
     if not kernels:  # nothing to add: no empty knowledge base is made of it
         return 0
     # Every entry is checked before any is added: a bad one must not leave half an import.
@@ -542,6 +558,15 @@ def import_kb(path: str | os.PathLike, storage: Any, targets: Iterable[str] = ()
         except KeyboardInterrupt:
             raise ImportInterrupted(added, len(entries)) from None
     return added
+
+
+def _legacy_conv(name: str) -> bool:
+    """Whether an export's kernel name is a conv signature without the conv's geometry."""
+    try:
+        _, op_class, shape = parse_signature(name)
+    except ValueError:
+        return False  # _import_entry names what is wrong with it
+    return op_class == "conv" and shape.conv is None
 
 
 class ImportInterrupted(KeyboardInterrupt):

@@ -5,15 +5,53 @@ Units: cycles of the AI core clock (device.clock_hz); bytes. Per AI core, for a 
 tn ≤ base_n: tail tiles are smaller) over K-steps of tk ≤ base_k:
 
     cube_step  = ⌈tm/cm⌉·⌈tn/cn⌉·⌈tk/ck⌉                   one cm×ck×cn fractal MAC per cycle
-    gm_step    = (tm + tn)·tk·in_bytes / bw_core  +  2·DMA_SETUP / min(l1_depth, K-steps)
+    gm_step    = (a + tn)·tk·in_bytes / bw_core  +  2·DMA_SETUP / min(l1_depth, K-steps)
                  GM→L1 (MTE2) of the A and B tiles; one DMA each brings l1_depth K-steps
                  (no more than there are).
                  bw_core = device.memory_bandwidth / active cores / clock_hz: the chip's
                  bandwidth shared evenly by the cores that stream (active = min(cores, tiles))
+                 a = tm for a GEMM: its A tile. For a conv, A is no im2col matrix in GM (below):
+                 a = Σ_loads min(tm·K_load, C_load·band(tm)) / K, what GM supplies of the
+                 feature map over the tile's K loop, spread evenly over its K elements
     l0_step    = tm·tk·in_bytes / L1_TO_L0A + tk·tn·in_bytes / L1_TO_L0B      L1→L0A/L0B (MTE1)
     writeback  = tm·tn·acc_bytes / L0C_OUT + tm·tn·out_bytes / bw_core          L0C→UB→GM
                  (+ tm·tn·acc_bytes / VECTOR_BYTES for an int8 kernel: its AscendDequant
                  epilogue, int32 results to float16 on the vector unit, in the UB)
+
+A conv (an implicit GEMM, tiling.py; its GemmShape carries a ConvGeometry) keeps its feature map
+in GM as NC1HWC0; MTE2 moves the input band an M-tile needs into L1 once, and MTE1's load3d
+(Img2Col, L1→L0A) expands it into the tile's rows, taking each pixel up to kh·kw times. So GM
+pays for the band and l0_step keeps the expanded tm·tk. With K in the order of the FRACTAL_Z
+weights, C1·kh·kw·C0 (a block of C0 = 32 bytes of channels takes all its taps before the
+next), a load of l1_depth K-steps (K_load elements) brings the band of every channel of the
+blocks it touches (C_load channels), once for all its K-steps:
+
+    band(tm)   input elements per channel that tm consecutive output pixels read: the input
+               rows they span, whole, hi = (ho - 1)·stride + (k - 1)·dilation + 1 ≤ Hi rows
+               of Wi (CANN's M mode), ho = 1 + (tm - g)/Wo output rows on average over where
+               the tiles start (g = gcd(tm, Wo)); for tm within one output row, the window it
+               spans, the same formula across W (the HW mode's wiL1); a tile of an image or
+               more reads those images whole and the band of the rest; likewise for 1-D and
+               3-D convs, dim by dim. A ConvTranspose (the conv over its input dilated by the
+               strides) reads one dilated row in `stride` from GM.
+    min(…)     a load never costs more than its im2col elements (tm·K_load), what the model
+               charged before and a kernel could move instead: a 1×1 conv costs what its GEMM
+               does, stride 1 or not (a stride's sampled pixels by a strided DMA, which takes a
+               block count, length and source stride).
+
+Approximations: a channel block split between two loads is brought by both (the L1 holds one
+load's data, CANN's tiling keeps kAL1 to whole blocks, which tuning finds by base_k); padding
+rows at an image's border count as read (up to the image's own rows); a tile crossing into the
+next image pays no second halo; C_load counts the GEMM's channels, as K does, not the zero
+channels that pad Cin to C0; a ConvTranspose's dilation is assumed made on chip; L2 reuse of
+a band across tiles is not modelled (no L2 at all, as for a GEMM). The L1 holds the largest band
+a load brings, from the most rows a tile can span (tiling.buffer_use). Sources: the CANN
+Ascend C API's Load3D (image to column, A1→A2) and the CCE intrinsic img2colv2_cbuf_to_ca
+(L1→L0A, each kernel window of the feature map expanded into one row); Ascend C's Conv2D, whose
+feature map sits in A1 as [C1, H, W, C0] and weights in B1 as [C1, Kh, Kw, Cout, C0]; hicann
+ops-nn's conv tiling (conv/common/op_host/op_tiling/arch35/conv_api_tiling_algorithm_base.cpp:
+InferHiL1, InferWiL1, and the AL1 size of its M mode: hiL1·Wi·kAL1/(kh·kw) elements for
+hoAL1 = mAL1/Wo + 2 output rows); Ascend C's DataCopyParams (blockCount, blockLen, srcStride).
 
 A tile takes TILE_SETUP scalar cycles plus
     double buffered:  max(loop, writeback),  loop = Σ_steps max(gm_step, l0_step, cube_step)
@@ -50,8 +88,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from graphopt.tuner.tiling import (GemmShape, Tiling, acc_bytes, cube_dtype, cube_shape,
-                                   default_tiling, feasible, gemm_shape, in_bytes, out_bytes)
+from graphopt.tuner.tiling import (GemmShape, Tiling, acc_bytes, conv_reads, cube_dtype,
+                                   cube_shape, default_tiling, feasible, gemm_shape, in_bytes,
+                                   out_bytes)
 
 if TYPE_CHECKING:
     from graphopt.ir import Node
@@ -102,15 +141,26 @@ def estimate(node_or_shape: Node | GemmShape, tiling: Tiling | None, device: Dev
     k_tail = shape.k - (kt - 1) * bk
 
     depth = min(tiling.l1_depth, kt)
+    reads: dict[int, float] = {}  # tm -> A elements GM supplies per element of K
+
+    def a_rows(tm: int) -> float:
+        """The A elements GM→L1 moves per element of K for a tile of tm rows: tm for a GEMM,
+        a conv's input bands spread over its K loop (conv_reads)."""
+        if shape.conv is None:
+            return tm
+        if tm not in reads:
+            reads[tm] = conv_reads(shape, tm, depth * bk)[0] / shape.k
+        return reads[tm]
 
     def tile(tm: int, tn: int) -> dict:
         terms = {"cube": 0.0, "gm": 0.0, "l0": 0.0, "loop": 0.0, "fill": 0.0}
         filled = 0  # of the first DMA's steps, counted into the fill
+        a = a_rows(tm)
         for tk, count in ((bk, kt - 1), (k_tail, 1)):
             if not count:
                 continue
             cube = math.ceil(tm / cm) * math.ceil(tn / cn) * math.ceil(tk / ck)
-            gm = (tm + tn) * tk * ib / bw_core + 2 * DMA_SETUP / depth
+            gm = (a + tn) * tk * ib / bw_core + 2 * DMA_SETUP / depth
             l0 = tm * tk * ib / L1_TO_L0A + tk * tn * ib / L1_TO_L0B
             terms["cube"] += count * cube
             terms["gm"] += count * gm

@@ -414,6 +414,9 @@ def tune_kernel(shape: GemmShape, device: Device | str, *, trials: int = 50,
         raise OptionError(f"workers must be from 1 to {THREAD_LIMIT}, got {workers}")
     if not shape.has_work:
         raise OptionError(f"{shape} has a zero-size dim: no work, so no tiling to tune")
+    if op_class == "conv" and shape.conv is None:  # its study would be keyed by no compile
+        raise OptionError(f"{shape}: a conv is priced by its geometry, which this shape lacks "
+                          "(gemm_shape of the Conv node gives it)")
     device, target = _resolve_device(device, target)
     kernel = signature(_target_name(target, device), op_class, shape)
     study_name = study_name or kernel

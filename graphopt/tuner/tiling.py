@@ -7,6 +7,12 @@ grouped conv's groups are packed as CANN's Conv2D packs them (group_enlargement)
 few channels each share one GEMM of block-diagonal weights, so a depthwise conv of 144
 channels is 9 GEMMs 16 channels wide, not 144 one channel wide.
 
+A conv's shape also carries its ConvGeometry (input, output and kernel sizes, strides,
+dilations): its A operand is never an im2col matrix in GM. The feature map sits in GM as
+NC1HWC0, MTE2 moves the input band an M-tile's output pixels need (halo included) into L1, and
+MTE1's load3d (Img2Col) expands it on the way to L0A: ConvGeometry.band and conv_reads size
+what GM supplies (the formulas and their sources: npu_model.py).
+
 A `Tiling` cuts C into base_m × base_n output tiles, each accumulated over ceil(K/base_k)
 K-steps of an A tile (base_m × base_k) and a B tile (base_k × base_n). Per AI core:
 
@@ -14,6 +20,8 @@ K-steps of an A tile (base_m × base_k) and a B tile (base_k × base_n). Per AI 
     L0B   base_k·base_n·in_bytes      (×2 double buffered)   B operand of the cube
     L0C   base_m·base_n·acc_bytes     (×2 double buffered)   fp32 (int32 for int8) accumulators
     L1    l1_depth·(base_m + base_n)·base_k·in_bytes (×2)    l1_depth K-steps of A and B tiles
+          (a conv: its A part is the largest input band one GM→L1 load brings, conv_reads,
+          never more than the l1_depth·base_m·base_k of the GEMM)
     UB    base_m·base_n·ub_bytes      (×2 double buffered)   the epilogue / output tile
 
 in_bytes is 1 for int8/uint8 and 2 otherwise (float32 cube work runs in float16, ATC's default
@@ -27,6 +35,8 @@ multiples of the device's cube shape for the dtype (M, K, N): 16×16×16 for flo
 
 from __future__ import annotations
 
+import collections
+import functools
 import itertools
 import math
 from collections.abc import Iterator
@@ -48,14 +58,85 @@ BUFFERS = ("L0A", "L0B", "L0C", "L1", "UB")
 
 
 @dataclass(frozen=True)
+class ConvGeometry:
+    """Where a conv's implicit GEMM reads its input, per spatial dim (outermost first): the
+    input's size (unpadded: load3d makes the padding on chip, GM holds none of it), the
+    output's, the kernel's, the stride and the dilation. `transposed`: a ConvTranspose, which
+    CANN runs as the conv over its input dilated by `strides` (stride 1 over it); the zeros the
+    dilation inserts are not in GM either."""
+
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    transposed: bool = False
+
+    @property
+    def taps(self) -> int:
+        """Kernel positions: the K elements one input channel contributes."""
+        return math.prod(self.kernel)
+
+    def band(self, run: int, images: int, worst: bool = False) -> float:
+        """Input elements per channel that `run` consecutive output pixels (one M-tile: M runs
+        over the images, then each spatial dim, the last fastest) read, halo included: the
+        input rows they span, whole (as CANN's Conv2D M mode loads hiL1 × Wi), or within one
+        output row the window it spans (as its HW mode's wiL1). The tiles start every `run`
+        pixels, so a tile is priced at the mean over where they start in a row: 1 + (run -
+        g)/row output rows, g = gcd(run, row); `worst`: the most a tile can span,
+        ⌈(run - 1)/row⌉ + 1 rows, what an L1 buffer must hold. A run of an image or more
+        reads its whole images and the band of what remains. Ignored: padding rows at an
+        image's border count as read (up to the image's own rows), and a run crossing from
+        one image into the next is priced as if it stayed in one (its second halo: `worst`
+        counts it)."""
+        dims = []  # (out, in, stride, extent, in-per-read)
+        for size, out, k, s, d in zip(self.inputs, self.outputs, self.kernel, self.strides,
+                                      self.dilations):
+            extent = (k - 1) * d + 1
+            dims.append((out, size, 1, extent, s) if self.transposed
+                        else (out, size, s, extent, 1))
+        pixels, image = math.prod(self.outputs), math.prod(self.inputs)
+        whole, rest = divmod(run, pixels) if run >= pixels else (0, run)
+        if whole >= images:
+            return images * image
+        band = whole * image + (_band(rest, dims, worst) if rest else 0.0)
+        if worst and images > 1:  # a run into the next image: a second halo and part-row
+            out, size, stride, extent, sparse = dims[0]
+            band += (max(0, extent - stride) / sparse + 1) * image / size
+        return min(band, images * image)
+
+
+def _band(run: int, dims: list[tuple[int, int, int, int, int]], worst: bool) -> float:
+    """ConvGeometry.band over `dims`, (out, in, stride, extent, sparse) outermost first: the
+    input rows of the outermost dim the run spans, times what it reads of the inner dims.
+    `sparse` > 1 is a ConvTranspose's stride: GM holds one row in that many of the dilated
+    input the conv reads."""
+    out, size, stride, extent, sparse = dims[0]
+
+    def rows_in(rows: float) -> float:
+        return min(size, ((rows - 1) * stride + extent) / sparse)
+
+    rest = dims[1:]
+    if not rest:
+        return rows_in(min(run, out))
+    inner = math.prod(d[0] for d in rest)
+    if run < inner:  # within one row of this dim, or across two: its window of the inner dims
+        return rows_in(1) * _band(run, rest, worst)
+    spanned = -(-(run - 1) // inner) + 1 if worst else 1 + (run - math.gcd(run, inner)) / inner
+    return rows_in(min(out, spanned)) * math.prod(d[1] for d in rest)
+
+
+@dataclass(frozen=True)
 class GemmShape:
-    """`batch` independent GEMMs of [m, k] × [k, n] in `dtype` ("float16", "int8", …)."""
+    """`batch` independent GEMMs of [m, k] × [k, n] in `dtype` ("float16", "int8", …); a
+    conv's also carries its ConvGeometry (`conv`), which prices its A operand's GM traffic."""
 
     batch: int
     m: int
     k: int
     n: int
     dtype: str = "float16"
+    conv: ConvGeometry | None = None
 
     @property
     def macs(self) -> int:
@@ -238,7 +319,17 @@ def _conv_shape(attrs: dict, x: tuple, w: tuple, dtype: str, out: tuple | None) 
                        // strides[i] + 1 for i, d in enumerate(x[2:])]
     enlarge = group_enlargement(group, w[1], w[0] // group, dtype)
     return GemmShape(-(-group // enlarge), x[0] * math.prod(spatial),
-                     enlarge * w[1] * math.prod(kernel), enlarge * (w[0] // group), dtype)
+                     enlarge * w[1] * math.prod(kernel), enlarge * (w[0] // group), dtype,
+                     _geometry(attrs, x, kernel, spatial))
+
+
+def _geometry(attrs: dict, x: tuple, kernel: tuple, spatial, transposed: bool = False
+              ) -> ConvGeometry:
+    rank = len(kernel)
+    return ConvGeometry(tuple(int(d) for d in x[2:]), tuple(int(d) for d in spatial),
+                        tuple(int(d) for d in kernel),
+                        tuple(int(s) for s in attrs.get("strides") or [1] * rank),
+                        tuple(int(d) for d in attrs.get("dilations") or [1] * rank), transposed)
 
 
 def group_enlargement(group: int, cin: int, cout: int, dtype: str) -> int:
@@ -277,7 +368,43 @@ def _conv_transpose_shape(attrs: dict, x: tuple, w: tuple, dtype: str,
     cin = x[1] // group
     enlarge = group_enlargement(group, cin, w[1], dtype)
     return GemmShape(-(-group // enlarge), x[0] * math.prod(spatial),
-                     enlarge * cin * math.prod(kernel), enlarge * w[1], dtype)
+                     enlarge * cin * math.prod(kernel), enlarge * w[1], dtype,
+                     _geometry(attrs, x, kernel, spatial, transposed=True))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a search prices each (tile rows, load) many times
+def conv_reads(shape: GemmShape, tm: int, span: int) -> tuple[float, float]:
+    """(A elements GM→L1 moves for one output tile of `tm` rows over its whole K loop, the
+    most one load moves wherever a tile starts: what the L1 must hold) of a conv whose loads bring `span` K elements each (l1_depth
+    K-steps). K runs in the order of CANN's FRACTAL_Z weights, C1·taps·C0: a block of C0
+    channels (32 bytes of each pixel: 16 float16, 32 int8) takes all its taps before the next.
+    A load brings the band (ConvGeometry.band) of every channel of the blocks its K range
+    touches, once however many of its K-steps read it; a block split between two loads is
+    brought by both (the L1 holds one load's data). Never more than the load's im2col elements
+    (tm × its K): a kernel can move those instead (a 1×1 conv with a stride, its sampled
+    pixels by a strided DMA)."""
+    geometry = shape.conv
+    assert geometry is not None
+    images = shape.m // max(1, math.prod(geometry.outputs))
+    band, most = geometry.band(tm, images), geometry.band(tm, images, worst=True)
+    total = largest = 0.0
+    for count, length, channels in _loads(shape.k, geometry.taps, 32 // in_bytes(shape), span):
+        total += count * min(tm * length, channels * band)
+        largest = max(largest, min(tm * length, channels * most))
+    return total, largest
+
+
+@functools.lru_cache(maxsize=4096)
+def _loads(k: int, taps: int, c0: int, span: int) -> tuple[tuple[int, int, int], ...]:
+    """(how many, K elements, channels) of each kind of the GM→L1 loads of `span` K elements
+    that cover a conv's K = channels × taps in C1·taps·C0 order."""
+    channels, block = k // taps, c0 * taps
+    kinds: collections.Counter = collections.Counter()
+    for start in range(0, k, span):
+        end = min(k, start + span)
+        first, last = start // block, (end - 1) // block
+        kinds[end - start, min(channels, (last + 1) * c0) - first * c0] += 1
+    return tuple((count, length, chans) for (length, chans), count in sorted(kinds.items()))
 
 
 # --- the space ------------------------------------------------------------------------------
@@ -287,9 +414,12 @@ def buffer_use(tiling: Tiling, shape: GemmShape) -> dict[str, int]:
     """Bytes per AI core each buffer needs under `tiling` (formulas in the module docstring)."""
     db = 2 if tiling.double_buffer else 1
     ib, m, n, k = in_bytes(shape), tiling.base_m, tiling.base_n, tiling.base_k
+    a_l1 = tiling.l1_depth * m * k
+    if shape.conv is not None and shape.has_work:  # the band a load brings, not its im2col
+        a_l1 = math.ceil(conv_reads(shape, m, tiling.l1_depth * k)[1])
     return {"L0A": m * k * ib * db, "L0B": k * n * ib * db,
             "L0C": m * n * acc_bytes(shape) * db,
-            "L1": tiling.l1_depth * (m + n) * k * ib * db,
+            "L1": (a_l1 + tiling.l1_depth * n * k) * ib * db,
             "UB": m * n * ub_bytes(shape) * db}
 
 
