@@ -48,10 +48,9 @@ def custom_ops_note(model: Model) -> list[str]:
     """The note a compile that keeps custom ops gets: onnxruntime runs them only with their
     library registered, which graphopt's own runtime does not do (an .om holding them loads
     but fails at its first run)."""
-    from graphopt.opcheck import runtime_schemas
+    from graphopt.opcheck import known_op_domains
 
-    known = {d for d, _ in runtime_schemas()} | {"", "ai.onnx", "ai.onnx.ml",
-                                                  "ai.onnx.preview.training"}
+    known = known_op_domains() | {"ai.onnx"}
     functions = model.function_keys()
     custom = sorted({node.qualified_op for graph in model.graph.all_graphs() for node in graph
                      if node.domain not in known and (node.domain, node.op_type) not in functions})

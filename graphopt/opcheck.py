@@ -48,6 +48,11 @@ def _known(domain: str, op_type: str, functions: set[tuple[str, str]]) -> bool:
     return (domain, op_type) in runtime_schemas()
 
 
+def known_op_domains() -> set[str]:
+    """The domains whose ops ONNX or onnxruntime define: any other is a custom op library's."""
+    return {d for d, _ in runtime_schemas()} | {"", "ai.onnx.ml", "ai.onnx.preview.training"}
+
+
 def check_ops(model: Model, label: str,
               allow_custom_ops: bool = False) -> dict[str, bytes] | None:
     """Raise InputError on the first node whose domain is not imported, whose op is unknown,
@@ -57,8 +62,7 @@ def check_ops(model: Model, label: str,
     record_type_bytes keeps them, and a model they type fully needs no further inference."""
     imported = {("" if d == "ai.onnx" else d) for d in model.opset_imports}
     functions = model.function_keys()
-    known_domains = {d for d, _ in runtime_schemas()} | {"", "ai.onnx.ml",
-                                                          "ai.onnx.preview.training"}
+    known_domains = known_op_domains()
     checker = _checker_context(model)
     known: dict[tuple[str, str], bool] = {}
     checked: dict[tuple[str, str], bool] = {}  # ops onnx.checker has a schema to check with

@@ -42,7 +42,7 @@ SPLIT = [0, 2, 1, 3]         # [B,S,G,H] ↔ [B,G,S,H]; its own inverse
 SWALLOWING_FILL = -1e30      # as in attention.py: a bias at or below it swallows any score
 
 
-def _const_list(value: Value | None) -> list[int] | None:
+def const_list(value: Value | None) -> list[int] | None:
     data = None if value is None else value.constant()
     return None if data is None else [int(d) for d in data.reshape(-1)]
 
@@ -63,7 +63,7 @@ def _layout_chain(value: Value) -> tuple[Value, list]:
     while value.producer is not None and value.producer.is_onnx \
             and value.producer.op_type in _LAYOUT and len(nodes) < 16:
         node = value.producer
-        if node.op_type == "Reshape" and _const_list(node.input(1)) is None:
+        if node.op_type == "Reshape" and const_list(node.input(1)) is None:
             break
         nodes.append(node)
         value = node.inputs[0]
@@ -75,7 +75,7 @@ def _moved(indices: np.ndarray, node) -> np.ndarray | None:
     if node.op_type == "Transpose":
         perm = node.attr("perm")
         return np.transpose(indices, list(perm) if perm is not None else None)
-    target = _const_list(node.input(1))
+    target = const_list(node.input(1))
     if not node.attr("allowzero"):
         target = [indices.shape[i] if d == 0 and i < indices.ndim else d
                   for i, d in enumerate(target)]
@@ -94,16 +94,16 @@ def repeated_heads(value: Value, heads: int) -> tuple[Value, int] | None:
     repeated, after = _layout_chain(value)
     expand = repeated.producer
     if expand is None or not expand.is_onnx or expand.op_type != "Expand" \
-            or _const_list(expand.input(1)) is None:
+            or const_list(expand.input(1)) is None:
         return None
     unsqueeze = expand.inputs[0].producer
     if unsqueeze is None or not unsqueeze.is_onnx or unsqueeze.op_type != "Unsqueeze":
         return None
     axes = unsqueeze.attr("axes")
-    axes = list(axes) if axes is not None else _const_list(
+    axes = list(axes) if axes is not None else const_list(
         unsqueeze.input(1) if len(unsqueeze.inputs) > 1 else None)
     split = unsqueeze.inputs[0]
-    shape, target = split.shape, _const_list(expand.input(1))
+    shape, target = split.shape, const_list(expand.input(1))
     if axes is None or shape is None or len(shape) != 4 \
             or any(not isinstance(d, int) or d <= 0 for d in shape[1:]):
         return None
@@ -137,7 +137,7 @@ def _reshaped(shape: list, node) -> list | None:
     """The shape a Reshape of a `shape` tensor by its constant target gives (0 copies the
     input's dim unless `allowzero`; a -1 takes the rest of a static size); None when the
     target is not constant or the -1 cannot be told."""
-    target = _const_list(node.input(1) if len(node.inputs) > 1 else None)
+    target = const_list(node.input(1) if len(node.inputs) > 1 else None)
     if target is None:
         return None
     if not node.attr("allowzero"):
@@ -286,4 +286,4 @@ def _packed(op, q: Value, k: Value, v: Value) -> Value | None:
     return op.Add(packed, op.const(biases))
 
 
-__all__ = ["GroupQueryCausalAttention", "causal_problem", "repeated_heads"]
+__all__ = ["GroupQueryCausalAttention", "causal_problem", "const_list", "repeated_heads"]

@@ -13,17 +13,10 @@ layout ops and the 4-D kernel took 42 µs (1 thread, a one-off interleaved timin
 
 from __future__ import annotations
 
-from graphopt.ir import Value
 from graphopt.ir.pattern import Attr
+from graphopt.passes.fusion.group_query import MS, SPLIT
+from graphopt.passes.fusion.group_query import const_list as _target
 from graphopt.passes.rules import Rule
-
-MS = "com.microsoft"
-SPLIT = [0, 2, 1, 3]
-
-
-def _target(value: Value) -> list[int] | None:
-    data = value.constant()
-    return None if data is None else [int(d) for d in data.reshape(-1)]
 
 
 class RotaryOnMergedHeads(Rule):
