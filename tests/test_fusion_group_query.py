@@ -178,3 +178,17 @@ def test_a_mask_over_a_past_and_the_new_tokens_is_no_causal_self_attention():
     square[3, 0] = MIN   # a sliding window: the last token no longer sees the first
     assert "not a causal mask" in causal_problem(bias(square), 0, 4)
     assert "causal only" in causal_problem(None, 0, 4)
+
+
+@pytest.mark.parametrize("target, fused", [("ascend910b", True), ("ascend310", False)])
+def test_the_910b_runs_grouped_query_attention_and_rotary_on_its_npu(target, fused):
+    # Atlas A2 has FusedInferAttentionScore and RotaryPositionEmbedding; the 310 has neither,
+    # so there the attention stays in ops its NPU runs.
+    result = graphopt.optimize(grouped_attention(rotated="rope", batch=1), target=target)
+    ops = Counter(node.op_type for node in result.model.graph)
+    assert bool(ops["GroupQueryAttention"]) == fused and bool(ops["RotaryEmbedding"]) == fused
+    if fused:  # the NPU has their kernels (a block this small may still return to the host)
+        reasons = {node.op_type: placement.reason or ""
+                   for node, placement in result.partitioning.placements.items()}
+        for op in ("GroupQueryAttention", "RotaryEmbedding"):
+            assert reasons[op] == "" or reasons[op].startswith("returned to cpu"), reasons[op]

@@ -26,6 +26,7 @@ from graphopt.partition.target_ort import (cpu_kernel_binds, nchwc_block_size, o
 from graphopt.partition.target_schema import KEYWORDS, TARGET_SCHEMA, check
 
 NPU_TARGETS = ["ascend310", "ascend310b", "ascend910b"]
+CONTRIB = '<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>\n'
 KIB = 1024
 
 # Ops whose output shape depends on tensor data, control flow, sequences, strings: host only.
@@ -169,6 +170,62 @@ def test_fusion_outputs_have_npu_kernels_where_cann_does():
         assert a310.has_kernel(op, "com.microsoft", "float16"), op
     assert b910.kernel("MultiHeadAttention", "com.microsoft").note
     assert a310.kernel("MultiHeadAttention", "com.microsoft") is None  # no fused kernel on 310
+    # A language model's kernels (FusedInferAttentionScore, RotaryPositionEmbedding,
+    # WeightQuantBatchMatmulV2) are Atlas A2's alone.
+    for op in ("GroupQueryAttention", "RotaryEmbedding", "MatMulNBits"):
+        assert b910.has_kernel(op, "com.microsoft", "float16"), op
+        for other in ("ascend310", "ascend310b"):
+            assert load_target(other).device("npu").kernel(op, "com.microsoft") is None, op
+
+
+@pytest.mark.parametrize("attrs, device, reason", [
+    ("K = 4096, N = 4096, bits = 4, block_size = 32", "npu", None),
+    ("K = 4096, N = 4096, bits = 4, block_size = 128", "npu", None),
+    ("K = 4096, N = 4096, bits = 8, block_size = 64", "npu", None),
+    # onnxruntime's smallest block, below CANN's group of 32
+    ("K = 4096, N = 4096, bits = 4, block_size = 16",
+     "cpu", "attribute block_size=16 of com.microsoft::MatMulNBits: takes 32 to 65535"),
+    # a large vocabulary's output head: N past the kernel's 65535
+    ("K = 4096, N = 128256, bits = 4, block_size = 32",
+     "cpu", "attribute N=128256 of com.microsoft::MatMulNBits: takes 1 to 65535"),
+    ("K = 4096, N = 4096, bits = 2, block_size = 32",
+     "cpu", "attribute bits=2 of com.microsoft::MatMulNBits: takes 4, 8"),
+])
+def test_weight_only_gemms_go_to_the_910b_within_cann_limits(attrs, device, reason):
+    n = int(re.search(r"N = (\d+)", attrs).group(1))
+    blocks = 4096 // int(re.search(r"block_size = (\d+)", attrs).group(1))
+    bits = int(re.search(r"bits = (\d+)", attrs).group(1))
+    size = 4096 // blocks * bits // 8
+    text = f"""
+        g (float16[1, 8, 4096] a, uint8[{n}, {blocks}, {size}] b, float16[{n * blocks}] s)
+          => (float16[1, 8, {n}] y) {{
+            y = com.microsoft.MatMulNBits <{attrs}> (a, b, s)
+        }}"""
+    model = load_onnx(parse_model(text, header=CONTRIB))
+    ((_, placement),) = place(model, load_target("ascend910b")).items()
+    assert placement.device == device
+    assert placement.reason == reason
+
+
+@pytest.mark.parametrize("attrs, device", [
+    ("num_heads = 32, kv_num_heads = 8", "npu"),
+    ("num_heads = 32, kv_num_heads = 8, local_window_size = 4096", "npu"),  # a band mask
+    ("num_heads = 32, kv_num_heads = 8, do_rotary = 1", "npu"),
+    ("num_heads = 32, kv_num_heads = 8, softcap = 50.0", "cpu"),  # Gemma 2's capping
+    ("num_heads = 32, kv_num_heads = 8, smooth_softmax = 1", "cpu"),  # an attention sink
+])
+def test_grouped_query_attention_goes_to_the_910b_unless_it_caps_or_sinks(attrs, device):
+    text = f"""
+        g (float16[1, 16, 4096] q, float16[1, 16, 1024] k, float16[1, 16, 1024] v,
+           float16[1, 8, 100, 128] pk, float16[1, 8, 100, 128] pv, int32[1] lens, int32 total)
+          => (float16[1, 16, 4096] y, float16[1, 8, 116, 128] k2, float16[1, 8, 116, 128] v2) {{
+            y, k2, v2 = com.microsoft.GroupQueryAttention <{attrs}> (q, k, v, pk, pv, lens, total)
+        }}"""
+    placements = place(load_onnx(parse_model(text, header=CONTRIB)), load_target("ascend910b"))
+    (placement,) = placements.values()
+    assert placement.device == device, placement.reason
+    if device == "cpu":
+        assert "of com.microsoft::GroupQueryAttention: takes 0" in placement.reason
 
 
 # --- the cpu table is onnxruntime's ------------------------------------------------------
@@ -321,6 +378,16 @@ def _broken(change) -> dict:
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "attributes", {"pads": [1]}),
      "devices[0].engines.cube.ops.Conv.attributes.pads[0]: Conv's pads is INTS, got 1"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "attribute_ranges", {"group": [4, 1]}),
+     "devices[0].engines.cube.ops.Conv.attribute_ranges.group: the lowest value 4 is above the "
+     "highest 1"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "attribute_ranges", {"group": [1]}),
+     "devices[0].engines.cube.ops.Conv.attribute_ranges.group: expected at least 2 item(s), got 1"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "attribute_ranges", {"grop": [1, 2]}),
+     "devices[0].engines.cube.ops.Conv.attribute_ranges.grop: Conv has no attribute"),
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "rank_attributes", {"5": {"grop": [1]}}),
      "devices[0].engines.cube.ops.Conv.rank_attributes.5.grop: Conv has no attribute"),

@@ -231,6 +231,15 @@ def attribute_problem(attr, support: OpSupport, op_type: str, domain: str,
                 else _as_written(value)
             where = f" at rank {rank}" if at_rank and name in support.rank_attributes[rank] else ""
             return f"attribute {name}={shown!r} of {support.op}{where}: takes {choices}"
+    for name, (low, high) in support.attribute_ranges.items():
+        value = attr(name)
+        if value is None:
+            value = _schema_default(op_type, domain, name, opset)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if value is not None and not all(low <= v <= high for v in values):
+            shown = list(map(_as_written, values)) if isinstance(value, (list, tuple)) \
+                else _as_written(value)
+            return f"attribute {name}={shown!r} of {support.op}: takes {low:g} to {high:g}"
     return None
 
 

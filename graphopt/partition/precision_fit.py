@@ -14,8 +14,9 @@ from graphopt.partition.target import as_given
 from graphopt.partition.target_ort import cpu_kernel_binds
 
 # Ops the quantization passes write. The NPU profiles list QuantizeLinear and DequantizeLinear
-# (in AMCT's form, quant_fit.py), none of the others: onnxruntime's own (MatMulNBits,
-# GatherBlockQuantized, DynamicQuantizeMatMul…) have no CANN kernel.
+# (in AMCT's form, quant_fit.py), and ascend910b MatMulNBits (CANN's weight-only quantized
+# GEMM), none of the others: onnxruntime's own (GatherBlockQuantized, DynamicQuantizeMatMul…)
+# have no CANN kernel.
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                  "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMulNBits",
                  "GatherBlockQuantized",

@@ -39,6 +39,8 @@ class OpSupport:
     max_outputs: int | None = None   # outputs the kernel computes (MaxPool: not its Indices)
     # data input rank -> attribute -> the values taken at that rank (Resize: 5-D linear only)
     rank_attributes: Mapping[int, Mapping[str, tuple]] = field(default_factory=dict)
+    # attribute -> (lowest, highest) value taken, both included (MatMulNBits' N ≤ 65535)
+    attribute_ranges: Mapping[str, tuple] = field(default_factory=dict)
 
     def attributes_at(self, rank: int | None) -> Mapping[str, tuple]:
         """The attribute values the kernel takes for a data input of `rank`."""
@@ -447,6 +449,8 @@ def _check_op_names(target: Target, label: str) -> None:
             limits += [(key_path(f"{where}.rank_attributes.{rank}", name), name, values)
                        for rank, of_rank in support.rank_attributes.items()
                        for name, values in of_rank.items()]
+            limits += [(key_path(f"{where}.attribute_ranges", name), name, bounds)
+                       for name, bounds in support.attribute_ranges.items()]
             for at, name, values in limits:
                 if name not in known_ops()[key]:
                     has = ", ".join(sorted(known_ops()[key])) or "none"
@@ -481,6 +485,10 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                 if dtypes and dtype not in dtypes:  # the table would offer what it refuses
                     raise SchemaViolation(key_path(f"{at}.engine_for", dtype),
                                           f"not one of the op's dtypes ({', '.join(dtypes)})")
+            for name, (low, high) in op.get("attribute_ranges", {}).items():
+                if low > high:
+                    raise SchemaViolation(key_path(f"{at}.attribute_ranges", name),
+                                          f"the lowest value {low} is above the highest {high}")
             for rank in op.get("rank_attributes", {}):
                 if not (rank.isdigit() and 1 <= int(rank) <= 64):  # a JSON key is a string
                     raise SchemaViolation(key_path(f"{at}.rank_attributes", rank),
@@ -497,7 +505,9 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                 rank_attributes=FrozenMap({
                     int(rank): FrozenMap({a: tuple(_hashable(v) for v in values)
                                           for a, values in limits.items()})
-                    for rank, limits in op.get("rank_attributes", {}).items()}))
+                    for rank, limits in op.get("rank_attributes", {}).items()}),
+                attribute_ranges=FrozenMap({a: tuple(bounds) for a, bounds
+                                            in op.get("attribute_ranges", {}).items()}))
     return kernels
 
 

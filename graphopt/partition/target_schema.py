@@ -169,6 +169,13 @@ TARGET_SCHEMA: dict[str, Any] = {
                                "additionalProperties": {"type": "array", "minItems": 1},
                                "description": "Attribute -> the values the kernel takes; an "
                                               "attribute not named takes any value."},
+                "attribute_ranges": {
+                    "type": "object",
+                    "additionalProperties": {"type": "array", "items": {"type": "number"},
+                                             "minItems": 2, "maxItems": 2},
+                    "description": "Attribute -> [lowest, highest] value the kernel takes, "
+                                   "both included (MatMulNBits' N: CANN's weight-quantized "
+                                   "GEMM takes up to 65535 output columns)."},
                 "rank_attributes": {
                     "type": "object",
                     "additionalProperties": {

@@ -81,7 +81,8 @@ def _hide_long_ranges(graph: onnx.GraphProto) -> None:
 # inference knows no contrib op, so without this everything after one (a model fused by
 # onnxruntime's transformer optimizer, say) stays untyped: not quantized, not planned.
 SAME_AS_INPUT = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
-                           "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+                           "SkipLayerNormalization", "SkipSimplifiedLayerNormalization",
+                           "RotaryEmbedding"})
 # Inference reruns at most this often to carry types past contrib ops: a round carries them
 # past every contrib op whose input it typed, so a chain of layers takes a round a layer.
 _CONTRIB_ROUNDS = 64
@@ -204,6 +205,23 @@ def _matmul_nbits_types(node) -> list:
     return [(0, a.dtype, shape)]
 
 
+def _group_query_attention_types(node) -> list:
+    """GroupQueryAttention's output [B, S, N·H] in the query's dtype: the query's own width, or
+    N/(N + 2·N_kv) of it where Q, K and V come packed (no key input). Its present keys are left
+    to the model's declarations: their length depends on the past buffer's (a graph output's
+    declaration says it)."""
+    query, heads, kv_heads = node.inputs[0], node.attr("num_heads"), node.attr("kv_num_heads")
+    if query.dtype is None or not isinstance(heads, int) or not isinstance(kv_heads, int):
+        return []
+    shape = query.shape
+    if shape is None or len(shape) != 3 or not isinstance(shape[2], int):
+        return [(0, query.dtype, None if shape is None or len(shape) != 3
+                 else (shape[0], shape[1], None))]
+    packed = node.input(1) is None
+    width = shape[2] * heads // (heads + 2 * kv_heads) if packed else shape[2]
+    return [(0, query.dtype, (shape[0], shape[1], width))]
+
+
 def _dynamic_quantize_lstm_types(node) -> list:
     """onnxruntime's DynamicQuantizeLSTM (its dynamic int8 quantizer's LSTM, ddddocr's): as
     LSTM, Y [seq, directions, batch, hidden] and Y_h, Y_c [directions, batch, hidden], in X's
@@ -222,6 +240,7 @@ def _dynamic_quantize_lstm_types(node) -> list:
 _TYPED_BY_RULE = {
     "DynamicQuantizeLSTM": _dynamic_quantize_lstm_types,
     "EmbedLayerNormalization": _embed_layer_norm_types,
+    "GroupQueryAttention": _group_query_attention_types,
     "MatMulNBits": _matmul_nbits_types,
     **QLINEAR_TYPED_BY_RULE,
 }

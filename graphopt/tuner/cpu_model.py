@@ -5,7 +5,9 @@
 Flops and bytes come from static shapes (`node_work`). The classes group ops that run on the same
 kind of kernel, so one measured kernel speaks for its class:
 
-    gemm         MatMul, Gemm, FusedMatMul, FusedGemm, Attention…     2·M·N·K flops
+    gemm         MatMul, Gemm, FusedMatMul, FusedGemm…                 2·M·N·K flops
+                 Attention, MultiHeadAttention, GroupQueryAttention:   2·MACs of every
+                 query-key pair, masked or not (attention.py)
                  LSTM, GRU: a GEMM per time step (recurrent.py)        2·MACs + the gates
     conv         Conv, FusedConv, com.microsoft.nchwc::Conv…           2·outputs·(Cin/g·kh·kw)
     gemm_int8    QLinearMatMul, MatMulInteger…, a QDQ MatMul/Gemm      as gemm, on 8-bit data
@@ -41,6 +43,7 @@ import numpy as np
 
 from graphopt.ir import Model, Node, Value
 from graphopt.partition.estimate import PARTIAL_READ, bytes_moved, value_bytes
+from graphopt.tuner.attention import ATTENTION_OPS, attention_work
 from graphopt.tuner.einsum import einsum_macs
 from graphopt.tuner.recurrent import GATE_COST, GATES, recurrent_work
 
@@ -210,19 +213,13 @@ def _shape(node: Node, index: int) -> tuple[int, ...] | None:
 
 
 def _gemm_flops(node: Node, out_elems: int) -> int:
-    # QLinearMatMul's inputs are (a, a_scale, a_zero_point, b, …).
-    a, b = _shape(node, 0), _shape(node, 1 if node.op_type != "QLinearMatMul" else 3)
-    if not a or not b:
-        return 0
     op = node.op_type
-    if op in ("Attention", "MultiHeadAttention", "GroupQueryAttention"):
-        if op == "Attention" and len(a) == 3:
-            # [B, S, H] x [H, 3H] projection, then Q·Kᵀ and softmax(…)·V over S×S per batch.
-            batch, seq, hidden = a
-            return 2 * batch * seq * hidden * b[-1] + 4 * batch * seq * seq * b[-1] // 3
-        if len(a) == 3 and len(b) == 3:
-            batch, seq, hidden = a
-            return 4 * batch * seq * b[1] * hidden
+    if op in ATTENTION_OPS:  # onnxruntime's CPU kernels score every pair and mask them
+        work = attention_work(node)
+        return 2 * work.macs() if work is not None else 0
+    # QLinearMatMul's inputs are (a, a_scale, a_zero_point, b, …).
+    a, b = _shape(node, 0), _shape(node, 1 if op != "QLinearMatMul" else 3)
+    if not a or not b:
         return 0
     if op == "Gemm" or op == "FusedGemm":
         k = a[0] if node.attr("transA", 0) else a[-1]

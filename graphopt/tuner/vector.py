@@ -13,6 +13,11 @@ Units: seconds; bytes; every figure an estimate. For a vector kernel:
                    (a Gather or Slice reads the elements it writes, not its whole input)
     seconds      = max(compute, memory) + device.launch_overhead_s         (one kernel)
 
+An Einsum, an LSTM or GRU, a fused attention kernel and a weight-only quantized GEMM
+(MatMulNBits) put their multiply-adds on the cube, at its peak and untiled (einsum.py,
+recurrent.py, attention.py); an attention's online softmax, and the GEMM's dequantizing of its
+weights, run on the vector unit beside them.
+
 Quantization (the QDQ form AMCT converts, partition/quant_fit.py): a DequantizeLinear of a
 weight costs nothing (quantized offline), nor does one that only int8 cube kernels read (they
 read the 8-bit data and dequantize their own result in their epilogue); any other is an
@@ -37,6 +42,7 @@ import onnx
 
 from graphopt.partition.estimate import bytes_moved, value_bytes
 from graphopt.partition.quant_fit import qdq_problem, reads
+from graphopt.tuner.attention import AttentionWork, attention_work
 from graphopt.tuner.einsum import einsum_macs
 from graphopt.tuner.npu_model import Estimate, estimate
 from graphopt.tuner.recurrent import GATE_COST, RecurrentWork, recurrent_work
@@ -117,6 +123,11 @@ def vector_estimate(node: Node, device: Device, functions: dict | None = None) -
     if macs is not None:
         return _result(2 * macs / _cube_peak(device), bytes_moved(node), device,
                        note="BatchMatMul on the cube at its peak (einsum.py), untiled")
+    attention = attention_work(node)
+    if attention is not None:
+        return _attention_estimate(node, attention, device, _elem_bytes(outs + ins))
+    if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+        return _weight_only_estimate(node, device)
     work = max((elements(v) for v in outs), default=0) * OP_COST.get(node.op_type, 1)
     compute = work / vector_rate(device, _elem_bytes(outs + ins))
     return _result(compute, bytes_moved(node), device)
@@ -131,6 +142,46 @@ def _recurrent_estimate(node: Node, work: RecurrentWork, device: Device,
     cube = 2 * work.steps * rows * work.k * work.n / _cube_peak(device)
     gates = work.gate_elements * GATE_COST / vector_rate(device, elem_bytes)
     return _result(cube + gates, bytes_moved(node), device, recurrent_steps=work.steps)
+
+
+def _attention_estimate(node: Node, work: AttentionWork, device: Device,
+                        elem_bytes: int) -> Estimate:
+    """A flash attention kernel (CANN's FusedInferAttentionScore, attention.py's work): Q·Kᵀ
+    and P·V on the cube at its peak, each head's queries, keys and head sizes padded to the
+    cube's 16, the blocks a causal mask hides skipped; the online softmax over the scored
+    pairs on the vector unit, overlapping the cube; the scores stay on chip, so the kernel
+    reads and writes its inputs and outputs once."""
+    def padded(n: int) -> int:
+        return -(-n // 16) * 16
+
+    share = work.causal_pairs / work.pairs if work.pairs else 1.0
+    rows = work.batch * work.heads * padded(work.queries) * padded(work.keys) * share
+    macs = rows * (padded(work.head_size) + padded(work.value_head_size)) \
+        + work.projection_macs
+    cube = 2 * macs / _cube_peak(device)
+    softmax = work.causal_pairs * OP_COST["Softmax"] / vector_rate(device, elem_bytes)
+    return _result(max(cube, softmax), bytes_moved(node), device, cube_s=cube,
+                   softmax_s=softmax, note="flash attention: the cube at its peak, untiled")
+
+
+def _weight_only_estimate(node: Node, device: Device) -> Estimate:
+    """A weight-only quantized GEMM (CANN's WeightQuantBatchMatmulV2 for MatMulNBits): the
+    vector unit dequantizes each weight once (a multiply and an add) into the cube's float16
+    operand, the cube multiplies at its peak with M, K and N padded to its 16; memory is the
+    packed weights, their scales and the activations, read once. One token's GEMM reads its
+    4-bit weights: the bytes, not the cube, bound it."""
+    def padded(n: int) -> int:
+        return -(-n // 16) * 16
+
+    a = node.inputs[0].static_shape if node.inputs and node.inputs[0] is not None else None
+    k, n = node.attr("K"), node.attr("N")
+    if a is None or not k or not n:
+        return _result(0.0, bytes_moved(node), device)
+    rows = math.prod(a[:-1])
+    cube = 2 * padded(rows) * padded(k) * padded(n) / _cube_peak(device)
+    dequantize = 2 * k * n / vector_rate(device, 2)
+    return _result(max(cube, dequantize), bytes_moved(node), device, cube_s=cube,
+                   dequantize_s=dequantize, note="weight-only int GEMM: the cube at its peak")
 
 
 def _cube_peak(device: Device) -> float:
