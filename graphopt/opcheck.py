@@ -252,12 +252,17 @@ _PLAIN_KINDS = {AttributeProto.INT, AttributeProto.FLOAT, AttributeProto.STRING,
                 AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS}
 
 
+_KEYED_LIST = 1024
+
+
 def _schema_key(node: Node) -> tuple | None:
     """What onnx.checker.check_node reads of `node`, as a hashable key; None when an attribute
-    holds a tensor, graph or type (such nodes are checked one by one)."""
+    holds a tensor, graph or type, or a list too long to be worth a key (a tree ensemble's
+    255,000 split values took 0.4 s to repr): such nodes are checked one by one."""
     attrs = []
     for attr in node.attrs.values():
-        if attr.type not in _PLAIN_KINDS or attr.ref_attr_name:
+        if attr.type not in _PLAIN_KINDS or attr.ref_attr_name \
+                or isinstance(attr.value, list) and len(attr.value) > _KEYED_LIST:
             return None
         value = attr.value
         # repr keeps floats exact and tells -0.0 from 0.0; lists become tuples.

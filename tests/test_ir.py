@@ -491,3 +491,33 @@ def test_a_node_name_used_twice_is_made_unique():
     onnx.checker.check_model(exported)
     x = np.arange(2, dtype=np.float32)
     np.testing.assert_array_equal(numerics.run(exported, {"x": x})["y"], x + 3)
+
+
+def test_a_long_attribute_list_is_encoded_once_and_again_when_it_changes():
+    # A tree ensemble holds a value per node in each attribute; a compile exports the model
+    # about nine times, and each export encoded every value again.
+    values = [float(i) / 7 for i in range(5000)]
+    modes = ["BRANCH_LEQ"] * 4999 + ["LEAF"]
+    node = helper.make_node("Identity", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                          [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    (ir_node,) = model.graph
+    ir_node.set_attr("values", values)
+    ir_node.set_attr("modes", modes)
+    ir_node.set_attr("ids", list(range(5000)))
+
+    def exported():
+        (proto,) = to_onnx(model).graph.node
+        return {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
+
+    first = exported()
+    assert first["values"] == [float(np.float32(v)) for v in values]
+    assert first["modes"] == [m.encode() for m in modes] and first["ids"] == list(range(5000))
+    assert exported() == first
+    # The list as it is now, whether replaced or changed in place.
+    ir_node.attrs["values"].value[3] = -1.0
+    ir_node.set_attr("ids", list(range(1, 5001)))
+    again = exported()
+    assert again["values"][3] == -1.0 and again["ids"] == list(range(1, 5001))

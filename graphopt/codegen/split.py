@@ -471,6 +471,8 @@ def _nothing_left_for(model: Model, nodes: list) -> bool:
         return False
     with tensor_copies():  # the .om writer's references would not load
         proto = to_onnx(model)
+    if proto.ByteSize() > _LEVEL_CHECK_BYTES:  # a tree ensemble's node attributes (20 MB)
+        return False
     try:
         optimized = optimized_by_onnxruntime(proto, "extended")
     except Exception:  # noqa: BLE001 - onnxruntime refuses it: keep the level, let load report

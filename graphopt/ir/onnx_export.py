@@ -189,6 +189,8 @@ def _fill_attribute(proto: AttributeProto, attr: Attr) -> AttributeProto:
         proto.sparse_tensor.CopyFrom(value)
     elif kind == A.TYPE_PROTO:
         proto.tp.CopyFrom(value)
+    elif kind in _SCALAR_LISTS and len(value) >= _REUSED_LIST:
+        _fill_long_list(proto, attr)
     elif kind == A.INTS:
         proto.ints.extend([int(v) for v in value])
     elif kind == A.FLOATS:
@@ -205,6 +207,29 @@ def _fill_attribute(proto: AttributeProto, attr: Attr) -> AttributeProto:
     elif kind == A.TYPE_PROTOS:
         proto.type_protos.extend(value)
     return proto
+
+
+# A tree ensemble's attributes hold a value per node (a catboost model of 1000 trees: 255,000
+# each), and a compile exports the model about nine times (inference, checks, the partitions):
+# encoding them value by value took most of its 7 s. A long list's encoding is kept on its Attr
+# and reused while the list holds the same values (compared whole, at C speed).
+_SCALAR_LISTS = (AttributeProto.INTS, AttributeProto.FLOATS, AttributeProto.STRINGS)
+_REUSED_LIST = 1024
+
+
+def _fill_long_list(proto: AttributeProto, attr: Attr) -> None:
+    kept = getattr(attr, "_encoded", None)
+    if kept is None or kept[0] != attr.type or kept[1] != attr.value:
+        encoded = AttributeProto()
+        if attr.type == AttributeProto.INTS:
+            encoded.ints.extend([int(v) for v in attr.value])
+        elif attr.type == AttributeProto.FLOATS:
+            encoded.floats.extend([float(v) for v in attr.value])
+        else:
+            encoded.strings.extend([_encode(v) for v in attr.value])
+        kept = (attr.type, list(attr.value), encoded)
+        attr._encoded = kept
+    proto.MergeFrom(kept[2])
 
 
 def _encode(value: str | bytes) -> bytes:
