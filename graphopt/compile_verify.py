@@ -14,6 +14,7 @@ from graphopt.branch_switches import branch_switches
 from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.option_names import option, setting
 from graphopt.passes import Options
+from graphopt.random_seeds import seeding_note
 from graphopt.rounding import unstable_selection_hint, within_half_precision, within_rounding
 from graphopt.source_marks import frames_hint, inserted_preprocessing
 
@@ -156,6 +157,9 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                                           original.metadata_props)))
                                 + _half_overflow(original, optimized, feeds, options))
     _check_loads_at_all(original, optimized)
+    seeded = seeding_note(original)
+    if seeded and notes is not None:
+        notes.append(seeded)
     if inputs is None and notes is not None:
         notes.extend(_open_dims_note(original, feeds, options.input_shapes or {}))
     hollow = [name for name, value in expected.items()

@@ -23,6 +23,7 @@ from graphopt.codegen.feeds import random_array, random_value, typed_entry, valu
 from graphopt.codegen.om_manifest import dtype_name
 from graphopt.codegen.partition_sessions import QDQ_MATMULNBITS_ACCURACY
 from graphopt.dims import read_dim
+from graphopt.random_seeds import seeded_copy
 from graphopt.errors import GraphoptError, InputError
 from graphopt.interrupts import interrupts_deferred
 from graphopt.option_names import from_command_line, option
@@ -60,6 +61,8 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     # As an .om partition's session (partition_sessions.QDQ_MATMULNBITS_ACCURACY) has it
     for key, value in {QDQ_MATMULNBITS_ACCURACY: "0", **(config or {})}.items():
         options.add_session_config_entry(key, value)
+    if isinstance(model, ModelProto):  # its samplers draw the same noise as its compile's
+        model = seeded_copy(model) or model
     data = serialized(model) if isinstance(model, ModelProto) else model
     if data is None:
         # Past protobuf's 2 GiB one message cannot be serialized: onnxruntime reads the model

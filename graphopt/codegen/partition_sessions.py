@@ -18,6 +18,7 @@ from graphopt.codegen.om_weights import BadReference, external_tensors, point_in
 from graphopt.errors import ArtifactError, OptionError, StandInError
 from graphopt.nchwc_block import METADATA_KEY, block_mismatch
 from graphopt.ort_messages import without_source_location
+from graphopt.random_seeds import SEEDING, seeded_bytes
 
 if TYPE_CHECKING:
     import onnx
@@ -206,6 +207,8 @@ def _session(artifact: OmArtifact, part: dict, data: bytes, checked: _Checked,
              options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
     """A session for `part` whose weights onnxruntime maps from the artifact file itself."""
     def session(data: bytes) -> ort.InferenceSession:
+        if SEEDING.get():  # outputs being compared: its samplers draw the reference's noise
+            data = seeded_bytes(data)
         return ort.InferenceSession(data, options, providers=providers,
                                     disabled_optimizers=part.get("disabled_optimizers") or None,
                                     **_NO_FALLBACK if providers == [CPU_PROVIDER] else {})

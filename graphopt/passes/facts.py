@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from graphopt.ir import DType, Node, Tensor
+from graphopt.random_seeds import RANDOM_OPS
 
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                    "Multinomial", "Bernoulli"}
+NONDETERMINISTIC = set(RANDOM_OPS)
+
 
 def random_reason(node: Node) -> str | None:
     """Why `node` draws random numbers (so two of them on equal inputs differ, and one run to

@@ -43,6 +43,7 @@ from graphopt.errors import GraphoptError, OptionError, naming
 from graphopt.ir.dtypes import DType
 from graphopt.numerics import Mismatch, paired, random_inputs_hint, widened
 from graphopt.option_names import COMPARE_FLAGS, option, setting
+from graphopt.random_seeds import seeding_note
 from graphopt.rounding import within_half_precision, within_rounding
 from graphopt.tools import metrics
 from graphopt.tools.compare_run import (
@@ -359,6 +360,9 @@ def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False
         else "onnxruntime, optimizations disabled" if cand_side.level == "disable"
         else f"onnxruntime at ORT_ENABLE_ALL, {_deployed_why(cand_side.proto)}")
     report.notes.extend(edited)
+    seeded = seeding_note(ref_side.proto) if ref_side.proto is not None else None
+    if seeded:
+        report.notes.append(seeded)
     other_source = source_note(ref_side, cand_side)
     if other_source:
         report.notes.append(other_source)

@@ -22,6 +22,7 @@ from graphopt.input_files import utf8_named
 from graphopt.input_shapes import check_pins, input_shapes_argument
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
+from graphopt.random_seeds import draws_unseeded, seeded_runs
 from graphopt.source_marks import (cut_outputs, extra_cut_outputs, extra_io_types,
                                    extra_preprocessing, extra_rescaled_values,
                                    inserted_preprocessing, io_types, rescaled_values)
@@ -127,8 +128,9 @@ class Side:
                 # onnxruntime opens a path as UTF-8: under another file-system encoding
                 # (LANG=en_US.ISO-8859-1, a C locale without UTF-8 mode) a non-ASCII name
                 # names another file, or none; the proto read from it is the same model.
+                # A model with unseeded random ops runs from its proto, which numerics seeds.
                 source = self.path if self.path is not None and utf8_named(self.path) \
-                    else self.proto
+                    and not draws_unseeded(self.proto) else self.proto
                 self._session = (self.level, numerics.session(source, self.level))
             session = self._session[1]
             names = [o.name for o in session.get_outputs()]
@@ -328,11 +330,11 @@ def load_candidate(model) -> Side:
     path = model
     if not (path.lower().endswith(".om") or (os.path.isfile(path) and is_om(path))):
         return _deployed(_onnx_side(None, path))
-    with kept_notices() as caught:
+    with kept_notices() as caught, seeded_runs():
         # One onnxruntime thread, as the reference runs: a thread pool sums in another order,
         # and a dynamically quantized LSTM's batch of 2 differs by 0.2 between 1 and 2 threads
         # on the original alone, which read as the compile's error. (Warns when an NPU
-        # partition stands in on the CPU provider.)
+        # partition stands in on the CPU provider.) Its samplers draw the reference's noise.
         session = load(path, intra_op_num_threads=1, inter_op_num_threads=1)
     artifact = session.artifact
     by_profile = {p["name"]: _om_tensors(artifact.profile(p["name"]))
