@@ -14,7 +14,9 @@ agreement and perplexity mean nothing on those. So:
 * `segmentation`: float [batch, classes, H, W] at the spatial size of a rank-4 image feed,
   with at least 2 classes, out of a linear layer (a Conv) through the head's ops and a resize:
   per-pixel class scores, whose top-1 is taken over axis 1 (a detector's raw head, at a
-  fraction of the image's size, stays a tensor);
+  fraction of the image's size, stays a tensor, and so does an output of a float feed's very
+  shape: a diffusion UNet's predicted noise, a denoiser's image, whose argmax over channels
+  means nothing);
 * `tensor`: everything else (cosine only).
 """
 
@@ -81,6 +83,8 @@ def _per_pixel_scores(name: str, array: np.ndarray, facts: ModelFacts, feeds: di
     if array.shape[1] < 2 or not any(a.shape[0] == array.shape[0]
                                      and a.shape[2:] == array.shape[2:] for a in images):
         return False
+    if any(a.shape == array.shape and a.dtype.kind == "f" for a in images):
+        return False  # image to image: the input's own channels, not class scores
     return _after_linear(name, facts.producers, _HEAD_TAIL | _RESIZES)
 
 
