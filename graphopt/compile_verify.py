@@ -155,7 +155,8 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                 + _seeded_inputs_hint(inputs, options,
                                                       bool(inserted_preprocessing(
                                                           original.metadata_props)))
-                                + _half_overflow(original, optimized, feeds, options))
+                                + _half_overflow(original, optimized, feeds, options)
+                                + _quantized_hint(options, judge))
     _check_loads_at_all(original, optimized)
     seeded = seeding_note(original)
     if seeded and notes is not None:
@@ -253,6 +254,19 @@ def _half_overflow(original: ModelProto, optimized: ModelProto, feeds, options: 
         return ""
     found = [w for w in report.warnings if w.startswith("float16 overflow")]
     return f". {found[0]}" if found else ""
+
+
+def _quantized_hint(options: Options, judge: dict) -> str:
+    """Where to look next when a quantized compile misses its cosine: which layer the error
+    starts at, and the options that trade speed for it back."""
+    if judge["min_cosine"] is None or options.quantize not in ("int8", "int4"):
+        return ""
+    flags = f"{option('quantize')} {options.quantize}"
+    return (f". To find where the error starts: `graphopt bisect MODEL {flags} …` names the "
+            f"first layer that breaks it, `graphopt compare MODEL OUTPUT --per-tensor` each "
+            f"layer's cosine; {option('quant_skip')} keeps layers float"
+            + (f", {option('calibration_method')} fits other ranges"
+               if options.quantize == "int8" else ""))
 
 
 def _seeded_inputs_hint(inputs, options: Options, frames: bool = False) -> str:

@@ -2052,3 +2052,18 @@ def test_an_opset_10_qdq_models_om_loads_without_onnxruntimes_bias_rounding(tmp_
     with graphopt.load(path) as session:
         np.testing.assert_allclose(session.run(x)["y"], numerics.run(proto, x)["y"],
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_a_verification_that_misses_the_cosine_says_where_to_look(tmp_path, capsys):
+    # Ranges fitted to inputs a hundred times smaller than the ones verified clip them all.
+    source = tmp_path / "conv.onnx"
+    onnx.save(_conv_model(), source)
+    rng = np.random.default_rng(1)
+    small, real = tmp_path / "small.npz", tmp_path / "real.npz"
+    np.savez(small, x=(rng.standard_normal((8, 1, 3, 16, 16)) * 0.01).astype(np.float32))
+    np.savez(real, x=rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    rc, out, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "q.onnx", "--quantize",
+                           "int8", "--calibration", small, "--verify", "--inputs", real)
+    assert rc != 0 and "cosine" in err
+    assert "`graphopt bisect MODEL --quantize int8 …` names the first layer" in err
+    assert "--quant-skip keeps layers float, --calibration-method fits other ranges" in err
