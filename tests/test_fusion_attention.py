@@ -1613,3 +1613,41 @@ def test_a_packed_projection_over_a_batch_of_named_products_fuses():
     result = graphopt.optimize(proto, level=2)
     assert [n.qualified_op for n in result.model.graph] == ["com.microsoft::Attention"]
     check_numerics(proto, result.model)
+
+
+def test_a_key_reshaped_without_its_batch_of_one_still_fuses():
+    # The dynamo exporter at batch 1 (TrOCR's decoder): the key's Reshape drops the batch,
+    # [1, S, D] → [S, N, H] → Transpose → [N, H, S], and MatMul broadcasts it against the
+    # query's [1, N, S, H]. The decoder's causal self-attention had stayed unfused.
+    g = Graph()
+    x = g.input("x", TensorProto.FLOAT, [1, S, D])
+
+    def projection():
+        return g.op("Add", g.op("MatMul", x, g.const(g.rng.standard_normal((D, D)) * 0.3)),
+                    g.const(g.rng.standard_normal(D) * 0.1))
+
+    def heads(value):
+        return g.op("Transpose", g.op("Reshape", value, g.const([1, S, N, H], np.int64)),
+                    perm=[0, 2, 1, 3])
+
+    q = heads(g.op("Mul", projection(), g.const(H ** -0.5)))
+    k = g.op("Transpose", g.op("Reshape", projection(), g.const([S, N, H], np.int64)),
+             perm=[1, 2, 0])
+    v = heads(projection())
+    causal = np.triu(np.full((S, S), MIN, np.float32), 1)[None, None]
+    scores = g.op("Add", g.op("MatMul", q, k), g.const(causal))
+    context = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)
+    y = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]),
+             g.const([1, S, D], np.int64))
+    graph = helper.make_graph(g.nodes, "dynamo_batch_one", g.inputs,
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, S, D])],
+                              g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    result = to_onnx(graphopt.optimize(proto).model)
+    onnx.checker.check_model(result, full_check=True)
+    fused = [n for n in result.graph.node if n.op_type in ("MultiHeadAttention", "Attention")]
+    assert len(fused) == 1 and not any(n.op_type == "Softmax" for n in result.graph.node)
+    feeds = numerics.random_feeds(proto, seed=1)
+    assert not numerics.compare(numerics.run(proto, feeds), numerics.run(result, feeds),
+                                1e-5, 1e-5)

@@ -506,7 +506,7 @@ def test_int8_with_a_half_precision_mode_keeps_the_int8_layers(tmp_path, precisi
     assert len(convs) == 3 and all(
         any(p.op_type == "DequantizeLinear" for p in compiled.graph.node if p.output[0] == i)
         for n in convs for i in n.input[:2]), [n.op_type for n in compiled.graph.node]
-    assert any(f"kept the int8 layers of quantize='int8'" in note for note in result.notes)
+    assert any("kept the int8 layers of quantize='int8'" in note for note in result.notes)
     x = np.random.default_rng(3).standard_normal((1, 3, 16, 16)).astype(np.float32)
     expected = numerics.run(proto, {"x": x})["y"]
     assert _cosine(numerics.run(compiled, {"x": x}, "all")["y"], expected) >= MIN_COSINE

@@ -152,6 +152,63 @@ class MatMulOfMergedHeads(HandMatchedRule):
                            a)
 
 
+def _unbatched(a: Value, b: Value) -> int | None:
+    """Which operand of MatMul(a, b) is a rank-3 [q, ·, ·] of heads (0 or 1) beside a rank-4
+    [1, q, ·, ·] one, laid out by a Transpose or Reshape; None otherwise."""
+    for index, (low, high) in enumerate(((b, a), (a, b))):
+        small, big = low.static_shape, high.static_shape
+        if small is None or big is None or len(small) != 3 or len(big) != 4:
+            continue
+        if big[0] == 1 and small[0] == big[1] > 1 and low.producer is not None \
+                and low.producer.op_type in ("Transpose", "Reshape"):
+            return 1 - index
+    return None
+
+
+class MatMulOfUnbatchedHeads(HandMatchedRule):
+    """A MatMul of a [1, q, m, k] operand and a [q, k, n] one (or the other way round) → the
+    rank-3 one reshaped to [1, q, ·, ·], as MatMul broadcasts it anyway: the dynamo
+    exporter's key at batch 1, whose Reshape drops the batch before the head transpose
+    (TrOCR's decoder: [1, 6, 32] → [6, 4, 8] → [4, 8, 6]), then fuses as rank-4 attention."""
+
+    root_op = "MatMul"
+
+    def match(self, node):
+        if not node.is_onnx or len(node.inputs) != 2 or None in node.inputs:
+            return Miss(node, 0, "not an ONNX MatMul of two inputs")
+        a, b = node.inputs
+        return Match(node, {"a": a, "b": b, "root": node}, [node])
+
+    def check(self, a, b):
+        if _unbatched(a, b) is None:
+            return "not a [1, q, m, k] operand beside a [q, k, n] one laid out by a Transpose " \
+                   "or Reshape"
+        return None
+
+    def rewrite(self, op, a, b, root):
+        operands = [a, b]
+        index = _unbatched(a, b)
+        small = operands[index]
+        source = small.producer
+        # The batch axis goes before the head transpose, as a Reshape: the chain of Reshapes
+        # and Transposes it joins then collapses (ReshapeChain, TransposeChain), and the
+        # attention reads the projection as it is.
+        transposed = source.op_type == "Transpose" and source.is_onnx and source.inputs[0] \
+            .static_shape is not None and len(source.inputs[0].static_shape) == 3
+        inner = source.inputs[0] if transposed else small
+        dims = (1, *inner.static_shape)
+        lifted = op.Reshape(inner, op.const(np.array(dims, np.int64), "batch_axis"))
+        lifted.shape, lifted.dtype = dims, small.dtype
+        if transposed:
+            perm = [0] + [axis + 1 for axis in source.attr("perm")]
+            lifted = op.Transpose(lifted, perm=perm)
+            lifted.shape, lifted.dtype = (1, *small.static_shape), small.dtype
+        operands[index] = lifted
+        out = op.MatMul(*operands)
+        out.shape, out.dtype = root.outputs[0].shape, a.dtype
+        return out
+
+
 class TransposeOfMergedHeads(_OnMergedHeads):
     """Transpose(merged heads, [0, 2, 1]) → the rank-4 Transpose of the last two axes, merged."""
 
@@ -377,8 +434,9 @@ class UnmergeHeads(RulePass):
     name = "UnmergeHeads"
     description = ("write attention over merged heads ([batch·heads, seq, dim], torch.bmm's) on "
                    "the [batch, heads, seq, dim] tensors it was merged from (static shapes)")
-    rules = (MergedHeadsAttention, MatMulOfMergedHeads, TransposeOfMergedHeads,
-             SoftmaxOfMergedHeads, ScaledMergedHeads, DividedMergedHeads, BiasOnMergedHeads)
+    rules = (MergedHeadsAttention, MatMulOfMergedHeads, MatMulOfUnbatchedHeads,
+             TransposeOfMergedHeads, SoftmaxOfMergedHeads, ScaledMergedHeads,
+             DividedMergedHeads, BiasOnMergedHeads)
 
 
 __all__ = ["UnmergeHeads"]
