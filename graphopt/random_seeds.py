@@ -14,9 +14,11 @@ import contextlib
 import zlib
 from collections.abc import Iterator
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-import onnx
-from onnx import ModelProto
+if TYPE_CHECKING:  # graphopt's runtime loads this module and must not import onnx
+    import onnx
+    from onnx import ModelProto
 
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                         "Multinomial", "Bernoulli"})
@@ -63,9 +65,11 @@ def node_seed(node: onnx.NodeProto) -> float:
 
 def seeded_copy(model: ModelProto) -> ModelProto | None:
     """A copy of `model` whose unseeded random ops carry node_seed; None when it has none."""
+    import onnx
+
     if not draws_unseeded(model):
         return None
-    copy = ModelProto()
+    copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for node in list(unseeded_random_nodes(copy.graph)):
         node.attribute.append(onnx.helper.make_attribute("seed", node_seed(node)))
@@ -77,6 +81,8 @@ def seeded_bytes(data: bytes) -> bytes:
     (told by the op names it holds before anything is parsed)."""
     if not any(name in data for name in _NAMES):
         return data
+    from onnx import ModelProto
+
     copy = seeded_copy(ModelProto.FromString(data))
     return data if copy is None else copy.SerializeToString()
 
