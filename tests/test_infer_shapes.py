@@ -965,3 +965,38 @@ def test_an_image_scaler_is_typed_as_its_input():
     values = {v.name: v for v in model.graph.all_values()}
     for name in ("s", "y"):
         assert (values[name].dtype, values[name].shape) == (DType.FLOAT, (1, 3, 4, 4)), name
+
+
+@pytest.mark.parametrize("op, labels", [("TreeEnsembleClassifier", 3), ("LinearClassifier", 3),
+                                        ("TreeEnsembleClassifier", 2)])
+def test_a_classifiers_scores_have_a_column_per_label_past_two(op, labels):
+    # Pinned to 64 rows, an xgboost-style 3-class ensemble's scores had read [64, ?], and its
+    # memory plan was refused for a shape "computed at run time". A binary classifier's column
+    # count differs between runtimes: it stays open.
+    ml = "ai.onnx.ml"
+    if op == "TreeEnsembleClassifier":
+        attrs = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+                     nodes_values=[0.0, 0.0, 0.0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"],
+                     nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+                     class_treeids=[0] * 2 * labels, class_nodeids=[1] * labels + [2] * labels,
+                     class_ids=list(range(labels)) * 2,
+                     class_weights=list(np.linspace(0.1, 0.9, 2 * labels)))
+    else:
+        attrs = dict(coefficients=list(np.linspace(-1, 1, 4 * labels)),
+                     intercepts=[0.1] * labels)
+    labelled = "classlabels_int64s" if op == "TreeEnsembleClassifier" else "classlabels_ints"
+    node = helper.make_node(op, ["x"], ["label", "scores"], domain=ml,
+                            **{labelled: list(range(labels))}, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                          [64, 4])],
+                              [helper.make_tensor_value_info("label", TensorProto.INT64, None),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(ml, 1)],
+                              ir_version=IR_VERSION)
+    model = load_onnx(proto)
+    infer_shapes(model)
+    scores = next(v for v in model.graph.all_values() if v.name == "scores")
+    assert scores.shape == (64, labels if labels > 2 else None)
+    ran = numerics.run(proto, {"x": np.zeros((64, 4), np.float32)})["scores"]
+    assert labels == 2 or ran.shape == (64, labels)

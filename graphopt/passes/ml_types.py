@@ -40,13 +40,18 @@ def _scores(targets_attr: str | None, default: int | None):
 
 def _classifier(node: Node) -> list:
     """Y the labels [N] (int64 or string, by which class label list the node has), Z the
-    float scores [N, classes]: a binary classifier's column count differs between runtimes,
-    so the classes dim stays unknown."""
+    float scores [N, classes]: a binary classifier's column count differs between runtimes
+    (and an SVM's with its mode), so its classes dim stays unknown; a tree ensemble or linear
+    classifier of more classes scores each of its labels (onnxruntime's, at every ai.onnx.ml
+    opset), which pinned shapes had left open ([64, ?] for what runs as [64, 3])."""
     rows = _rows(node)
     if rows is None:
         return []
+    names = (node.attr("classlabels_strings") or node.attr("classlabels_int64s")
+             or node.attr("classlabels_ints") or ())
+    classes = len(names) if len(names) > 2 and node.op_type != "SVMClassifier" else None
     labels = DType.STRING if node.attr("classlabels_strings") else DType.INT64
-    return [(0, labels, rows), (1, DType.FLOAT, (*rows, None))]
+    return [(0, labels, rows), (1, DType.FLOAT, (*rows, classes))]
 
 
 ML_TYPED_BY_RULE = {
