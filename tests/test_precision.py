@@ -1435,3 +1435,40 @@ def test_a_model_below_opset_6_keeps_float32_with_a_note(precision):
     assert any(n.startswith(f"{precision}: kept float32: the model imports ONNX opset 5")
                for n in result.notes), result.notes
     assert not any(n.op_type == "Cast" for n in result.to_onnx().graph.node)
+
+
+def test_a_scaler_before_a_tree_ensemble_keeps_its_features_float32():
+    # A scikit-learn pipeline's MinMaxScaler (a Mul and an Add of per-feature constants) before
+    # a RandomForest: float16 features moved 84 of 512 rows' probabilities, since the trees
+    # compare them with float32 thresholds. The [4] factors had passed for a table as large
+    # as the [N, 4] output, N counted as 1, which kept the region half.
+    ml = "ai.onnx.ml"
+    tree = onnx.helper.make_node(
+        "TreeEnsembleClassifier", ["f"], ["label", "scores"], domain=ml,
+        nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[2, 0, 0],
+        nodes_values=[0.1234567, 0.0, 0.0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"],
+        nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+        class_treeids=[0, 0, 0, 0], class_nodeids=[1, 1, 2, 2], class_ids=[0, 1, 0, 1],
+        class_weights=[0.8, 0.2, 0.3, 0.7], classlabels_int64s=[0, 1])
+    scale = onnx.numpy_helper.from_array(np.array([0.3, 1.7, 0.9, 2.1], np.float32), "scale")
+    shift = onnx.numpy_helper.from_array(np.array([0.1, -0.2, 0.05, 0.0], np.float32), "shift")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Mul", ["x", "scale"], ["m"]),
+         onnx.helper.make_node("Add", ["m", "shift"], ["f"]), tree], "pipeline",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+        [onnx.helper.make_tensor_value_info("label", onnx.TensorProto.INT64, ["N"]),
+         onnx.helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, ["N", 2])],
+        [scale, shift])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                         onnx.helper.make_opsetid(ml, 3)],
+                                   ir_version=IR_VERSION)
+    result = compile_(proto, precision="fp16")
+    assert "Cast" not in ops(result.model)
+    assert any("Add, Mul" in note and "kept float32" in note for note in result.notes), \
+        result.notes
+    # Features on both sides of the threshold, within float16's step of it.
+    x = np.zeros((64, 4), np.float32)
+    x[:, 2] = (0.1234567 - 0.05 + np.linspace(-1e-3, 1e-3, 64)) / 0.9
+    compiled = result.to_onnx()
+    for name, expected in numerics.run(proto, {"x": x}).items():
+        np.testing.assert_array_equal(numerics.run(compiled, {"x": x})[name], expected)

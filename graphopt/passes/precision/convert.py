@@ -311,6 +311,14 @@ class ConvertPrecision(Pass):
             ctx.note(f"{options.precision}: kept float32, ONNX shape inference gives their "
                      f"outputs no type, so their schema cannot be matched: {_listing(untyped)}")
         self._refuse(options.precision, decider, support)
+        # Said whether or not anything converts: what kept them float32 is the target.
+        if decider.kept_by_target:
+            ctx.note(f"{options.precision}: kept float32, no {half.short} kernel on the target: "
+                     f"{_listing(decider.kept_by_target)}")
+        if decider.kept_for_stand_in:
+            ctx.note(f"{options.precision}: kept float32, onnxruntime's CPU provider (which runs "
+                     f"the NPU partitions where no CANN provider is installed) refuses them in "
+                     f"{half.short} at run time: {_listing(decider.kept_for_stand_in)}")
         if not choices:
             explained = kept_by_schema or kept_int8 or untyped or decider.kept_by_target \
                 or decider.kept_for_stand_in or sandwiched
@@ -368,13 +376,6 @@ class ConvertPrecision(Pass):
             ctx.note(f"{options.precision}: the NPU partitions run where the CANN provider is "
                      "installed; onnxruntime's CPU provider, which stands in for it elsewhere, "
                      "has no bfloat16 kernel for most ops")
-        if decider.kept_by_target:
-            ctx.note(f"{options.precision}: kept float32, no {half.short} kernel on the target: "
-                     f"{_listing(decider.kept_by_target)}")
-        if decider.kept_for_stand_in:
-            ctx.note(f"{options.precision}: kept float32, onnxruntime's CPU provider (which runs "
-                     f"the NPU partitions where no CANN provider is installed) refuses them in "
-                     f"{half.short} at run time: {_listing(decider.kept_for_stand_in)}")
         return result
 
     @staticmethod

@@ -65,14 +65,18 @@ def _pointless(region: list[tuple[Node, Slots]], allowed) -> bool:
     entering = [value for node, _ in region for value in node.inputs
                 if value is not None and constant_data(value) is None
                 and id(value.producer) not in inside]
-    # Read from the model's inputs, the region is the model's own edge, where the user asked
-    # for half (a model of elementwise ops alone); fed a half value (a float16 input that
-    # --input-fp16-nodes made, Cast to float32 by the source edit), it would widen and round
-    # it. Writing an output is no reason: the signature keeps float32, and a tail between a
-    # float32 op and the output (an --out-nodes cut after a Conv bf16 keeps) only rounds.
+    # Read from the model's inputs and writing its outputs alone, the region is the model
+    # (elementwise ops alone), where the user asked for half; read by a float32 op after it
+    # (a tree ensemble comparing scaled features with float32 thresholds), it only rounds.
+    # Fed a half value (a float16 input that --input-fp16-nodes made, Cast to float32 by the
+    # source edit), it would widen and round it. Writing an output is no reason: the signature
+    # keeps float32, and a tail between a float32 op and the output (an --out-nodes cut after
+    # a Conv bf16 keeps) only rounds.
+    read_after = any(id(use.node) not in inside for node, slots in region
+                     for k in slots.outputs for use in node.outputs[k].uses)
     return bool(entering) and not any(
-        _from_a_model_input(value) or value.dtype in (DType.FLOAT16, DType.BFLOAT16)
-        for value in entering)
+        (_from_a_model_input(value) and not read_after)
+        or value.dtype in (DType.FLOAT16, DType.BFLOAT16) for value in entering)
 
 
 def _from_a_model_input(value) -> bool:
@@ -88,9 +92,18 @@ def _from_a_model_input(value) -> bool:
     return constant_data(value) is None
 
 
+# Ops that pick elements out of their data input: a table they read may be stored in half.
+_INDEXING = frozenset({"Gather", "GatherElements", "GatherND"})
+
+
 def _reads_a_table(node: Node, slots: Slots) -> bool:
-    """Whether a weight `node` converts holds as many elements as one of its outputs (symbolic
-    dims counted as 1): half the bytes of the table, against Casts of what is read from it."""
+    """Whether `node` picks from a weight it converts that holds as many elements as one of its
+    outputs (symbolic dims counted as 1): half the bytes of the table, against Casts of what
+    is read from it. An elementwise op's weight is no table: a scikit-learn scaler's [10]
+    factors against its [N, 10] output (N counted as 1) had kept a pipeline's features in
+    float16 before a tree ensemble compared them with float32 thresholds."""
+    if node.op_type not in _INDEXING:
+        return False
     sizes = [math.prod(d if isinstance(d, int) else 1 for d in node.outputs[k].shape)
              for k in slots.outputs if node.outputs[k].shape is not None]
     weights = [data.size for data in (constant_data(node.inputs[k]) for k in slots.inputs)
