@@ -304,6 +304,31 @@ def test_int4_embeddings_says_which_tables_stay_float_and_why():
         assert not any("embedding table(s) stay float" in n for n in notes), notes
 
 
+def test_a_table_gathered_inside_a_loop_is_named_as_staying_float():
+    # torch exports nn.EmbeddingBag as a Loop whose body Gathers each bag's rows: the note had
+    # said the model has no embedding table while 4.9 MiB of it stayed float.
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["table", "i"], ["row"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "bag",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("row", TensorProto.FLOAT, [64])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "keep"], ["rows"], body=body),
+         helper.make_node("MatMul", ["rows", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 16])],
+        [numpy_helper.from_array(np.ones((100, 64), np.float32), "table"),
+         numpy_helper.from_array(np.ones((64, 16), np.float32), "w"),
+         numpy_helper.from_array(np.array(True), "keep")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    notes = compile_int4(proto, int4_embeddings=True).notes
+    assert any("1 embedding table(s) stay float, none quantized: %table is read inside a Loop "
+               "body" in note for note in notes), notes
+
+
 def test_bad_group_sizes_are_refused():
     proto = parse_model(MATMUL_ADD, w=np.ones((64, 16), np.float32), b=np.ones(16, np.float32))
     for size in (8, 48):

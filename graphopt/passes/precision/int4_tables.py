@@ -101,6 +101,16 @@ def embedding_tables(graph: Graph, group: int, wanted,
                                    "no 4-bit kernel on the target"
         else:
             tables[source.name] = Table(source, data, block, gathers)
+    for node in graph.all_nodes():  # bodies: torch's EmbeddingBag exports as a Loop of Gathers
+        source = node.input(0) if node.graph is not graph and _embedding_gather(node) else None
+        if source is None or source.name in tables or source.name in refused \
+                or source.graph is not graph:
+            continue
+        data = constant_data(source)
+        if data is not None and data.ndim == 2 and source.dtype in (DType.FLOAT, DType.FLOAT16):
+            holder = node.graph.parent.op_type if node.graph.parent is not None else "a subgraph"
+            refused[source.name] = f"is read inside a {holder} body (an EmbeddingBag's, as " \
+                                   "torch exports it), whose Gathers the pass does not rewrite"
     return tables
 
 
