@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # graphopt's runtime loads this module and must not import on
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                         "Multinomial", "Bernoulli"})
 _NAMES = tuple(op.encode() for op in RANDOM_OPS)
-# Whether graphopt's runtime seeds the random ops of the partitions it loads: only while
-# outputs are compared (compare_models).
+# Whether graphopt's runtime seeds the random ops of the partitions it loads: only for an .om
+# whose outputs are to be compared (compare's candidate, load_candidate).
 SEEDING: ContextVar[bool] = ContextVar("graphopt_seed_random_ops", default=False)
 
 

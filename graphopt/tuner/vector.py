@@ -151,9 +151,7 @@ def _attention_estimate(node: Node, work: AttentionWork, device: Device,
     cube's 16, the blocks a causal mask hides skipped; the online softmax over the scored
     pairs on the vector unit, overlapping the cube; the scores stay on chip, so the kernel
     reads and writes its inputs and outputs once."""
-    def padded(n: int) -> int:
-        return -(-n // 16) * 16
-
+    padded = _padded_to_cube
     share = work.causal_pairs / work.pairs if work.pairs else 1.0
     rows = work.batch * work.heads * padded(work.queries) * padded(work.keys) * share
     macs = rows * (padded(work.head_size) + padded(work.value_head_size)) \
@@ -170,9 +168,7 @@ def _weight_only_estimate(node: Node, device: Device) -> Estimate:
     operand, the cube multiplies at its peak with M, K and N padded to its 16; memory is the
     packed weights, their scales and the activations, read once. One token's GEMM reads its
     4-bit weights: the bytes, not the cube, bound it."""
-    def padded(n: int) -> int:
-        return -(-n // 16) * 16
-
+    padded = _padded_to_cube
     a = node.inputs[0].static_shape if node.inputs and node.inputs[0] is not None else None
     k, n = node.attr("K"), node.attr("N")
     if a is None or not k or not n:
@@ -182,6 +178,11 @@ def _weight_only_estimate(node: Node, device: Device) -> Estimate:
     dequantize = 2 * k * n / vector_rate(device, 2)
     return _result(max(cube, dequantize), bytes_moved(node), device, cube_s=cube,
                    dequantize_s=dequantize, note="weight-only int GEMM: the cube at its peak")
+
+
+def _padded_to_cube(n: int) -> int:
+    """`n` rounded up to the cube's 16 (the side of every fractal it computes on)."""
+    return -(-n // 16) * 16
 
 
 def _cube_peak(device: Device) -> float:

@@ -193,8 +193,9 @@ class MatMulOfUnbatchedHeads(HandMatchedRule):
         # The batch axis goes before the head transpose, as a Reshape: the chain of Reshapes
         # and Transposes it joins then collapses (ReshapeChain, TransposeChain), and the
         # attention reads the projection as it is.
-        transposed = source.op_type == "Transpose" and source.is_onnx and source.inputs[0] \
-            .static_shape is not None and len(source.inputs[0].static_shape) == 3
+        transposed = source.op_type == "Transpose" and source.is_onnx \
+            and source.attr("perm") is not None and source.inputs[0].static_shape is not None \
+            and len(source.inputs[0].static_shape) == 3
         inner = source.inputs[0] if transposed else small
         dims = (1, *inner.static_shape)
         lifted = op.Reshape(inner, op.const(np.array(dims, np.int64), "batch_axis"))
