@@ -47,9 +47,14 @@ def within_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
     own = own or (lambda: numerics.run(original, feeds, "all"))
     sensitivity = sensitivity or (lambda: weight_rounding(original, feeds))
     stepped = after_quantization(original) if original is not None else set()
+    # After a selection, a one-ulp move of the weights may flip a near-tie and pick another
+    # box: the movement is then a box's size, and four times it excused boxes all shifted by
+    # 200 pixels. Selected outputs get the other rules alone.
+    selected = _selections_before(original, failing) if original is not None else {}
     return _within_onnxruntimes_own(own, expected, actual, failing, judge, stepped) \
         or _within_output_scale(expected, actual, failing, judge) \
-        or _within_weight_rounding(sensitivity, expected, actual, failing, judge) \
+        or (None if selected else _within_weight_rounding(sensitivity, expected, actual,
+                                                          failing, judge)) \
         or _reordered_selection(original, own, expected, actual, failing, judge)
 
 
@@ -113,7 +118,8 @@ def unstable_selection_hint(original: ModelProto, feeds, expected: dict, failing
 
 def _selections_before(original: ModelProto, names: list[str]) -> dict[str, str]:
     """For each of the main graph's values `names` that a NonMaxSuppression or TopK reaches,
-    the type of one such op upstream."""
+    the type of one such op upstream: in the main graph, or in a body of a node upstream
+    (torchvision's detectors select their boxes inside an If)."""
     producers = {out: node for node in original.graph.node for out in node.output}
     found = {}
     for name in names:
@@ -123,10 +129,24 @@ def _selections_before(original: ModelProto, names: list[str]) -> dict[str, str]
             if node is None or id(node) in seen:
                 continue
             seen.add(id(node))
-            if node.op_type in SELECTING and node.domain in ("", "ai.onnx"):
-                found[name] = node.op_type
+            selecting = _selecting_op(node)
+            if selecting is not None:
+                found[name] = selecting
             frontier.extend(value for value in node.input if value)
     return found
+
+
+def _selecting_op(node) -> str | None:
+    """The type of a NonMaxSuppression or TopK that `node` is or holds in a body."""
+    if node.op_type in SELECTING and node.domain in ("", "ai.onnx"):
+        return node.op_type
+    for attribute in node.attribute:
+        for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+            for inner in body.node:
+                found = _selecting_op(inner)
+                if found is not None:
+                    return found
+    return None
 
 
 def _special_values_differ(expected, actual) -> bool:

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import IR_VERSION, parse_model, run_cli
+from onnx import numpy_helper
 
 from graphopt.compile_save import save
 from graphopt.compiler import optimize
@@ -986,3 +987,45 @@ def test_a_kv_cache_whose_heads_onnxruntime_refuses_is_not_blamed_on_the_mask():
              "packed KV head dimension, got 1 expected 16")
     hint = random_inputs_hint("seeded", False, reason=heads, signature=signature)
     assert "the KV cache's (past_key_values.0.key) too" in hint and "mask" not in hint
+
+
+def _near_tied_selection(shift: float, in_body: bool) -> onnx.ModelProto:
+    """Scores of 64 near-tied columns select 10 boxes by TopK; `shift` moves every selected
+    box. `in_body` selects inside an If, as torchvision's detectors do."""
+    rng = np.random.default_rng(0)
+    columns = 64
+    weights = (np.repeat(rng.standard_normal((8, 1)), columns, axis=1)
+               + rng.standard_normal((8, columns)) * 1e-6).astype(np.float32)
+    boxes = (rng.random((columns, 4)) * 300).astype(np.float32)
+    select = [onnx.helper.make_node("TopK", ["flat", "k"], ["top", "idx"]),
+              onnx.helper.make_node("Gather", ["boxes", "idx"], ["chosen"], axis=0)]
+    if in_body:
+        branch = onnx.helper.make_graph(
+            select, "select", [],
+            [onnx.helper.make_tensor_value_info("chosen", onnx.TensorProto.FLOAT, [10, 4])])
+        select = [onnx.helper.make_node("If", ["cond"], ["chosen"], then_branch=branch,
+                                        else_branch=branch)]
+    nodes = [onnx.helper.make_node("MatMul", ["x", "w"], ["scores"]),
+             onnx.helper.make_node("Reshape", ["scores", "flat_shape"], ["flat"]), *select,
+             onnx.helper.make_node("Add", ["chosen", "shift"], ["y"])]
+    graph = onnx.helper.make_graph(
+        nodes, "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [10, 4])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(boxes, "boxes"),
+         numpy_helper.from_array(np.array([columns], np.int64), "flat_shape"),
+         numpy_helper.from_array(np.array([10], np.int64), "k"),
+         numpy_helper.from_array(np.array(shift, np.float32), "shift"),
+         numpy_helper.from_array(np.array(True), "cond")])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)],
+                                  ir_version=IR_VERSION)
+
+
+@pytest.mark.parametrize("in_body", [False, True])
+def test_boxes_shifted_after_a_selection_are_no_rounding(in_body):
+    # A one-ulp move of the weights flips a near-tie of the TopK, so the selected boxes move by
+    # a box's size; four times that had excused every box shifted by 200 pixels as rounding.
+    feeds = {"x": np.abs(np.random.default_rng(1).standard_normal((1, 8))).astype(np.float32)}
+    report = compare_models(_near_tied_selection(0.0, in_body), _near_tied_selection(200.0,
+                                                                                     in_body),
+                            feeds)
+    assert not report.passed and "rounding" not in (report.rows[0].note or "")
