@@ -156,6 +156,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                                       bool(inserted_preprocessing(
                                                           original.metadata_props)))
                                 + _half_overflow(original, optimized, feeds, options)
+                                + _half_underflow(expected, options)
                                 + _quantized_hint(options, judge))
     _check_loads_at_all(original, optimized)
     seeded = seeding_note(original)
@@ -254,6 +255,29 @@ def _half_overflow(original: ModelProto, optimized: ModelProto, feeds, options: 
         return ""
     found = [w for w in report.warnings if w.startswith("float16 overflow")]
     return f". {found[0]}" if found else ""
+
+
+# float16's smallest normal number: below it a value keeps fewer digits, below 6e-8 none.
+_HALF_TINY = 2.0 ** -14
+
+
+def _half_underflow(expected: dict, options: Options) -> str:
+    """After a float16 precision pass, the outputs whose every value is below float16's
+    smallest normal number: a random-weight depth model's output of 5e-9 rounds to zero in
+    float16, and the failure had said only "cosine 0.000000"."""
+    if options.precision not in ("fp16", "mixed-fp16"):
+        return ""
+    tiny = []
+    for name, value in expected.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
+            largest = float(np.nanmax(np.abs(value)))
+            if 0 < largest < _HALF_TINY:
+                tiny.append(f"'{name}' (at most {largest:.2g})")
+    if not tiny:
+        return ""
+    return (f". The original's output(s) {', '.join(tiny[:3])} lie below float16's smallest "
+            f"normal number ({_HALF_TINY:.2g}), where it keeps few digits or none: keep the "
+            f"ops that compute them float32 ({option('keep_dtype')}, {option('precision_deny')})")
 
 
 def _quantized_hint(options: Options, judge: dict) -> str:

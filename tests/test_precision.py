@@ -1472,3 +1472,22 @@ def test_a_scaler_before_a_tree_ensemble_keeps_its_features_float32():
     compiled = result.to_onnx()
     for name, expected in numerics.run(proto, {"x": x}).items():
         np.testing.assert_array_equal(numerics.run(compiled, {"x": x})[name], expected)
+
+
+def test_an_output_below_float16s_range_is_named_when_verify_fails(tmp_path, capsys):
+    # A random-weight depth model's output of 5e-9 rounds to zero in float16: the failure had
+    # said only "cosine 0.000000", where an overflow got a note of its own.
+    proto = parse_model("""
+        g (float[1,4,8,8] x) => (float[1,4,8,8] out) {
+          a = Mul(x, c)
+          b = Mul(a, c)
+          y = Conv <pads = [1, 1, 1, 1]> (b, w)
+          out = Mul(y, c)
+        }""", c=np.float32(1e-3), w=(RNG.standard_normal((4, 4, 3, 3)) * 0.2).astype(np.float32))
+    source = tmp_path / "tiny.onnx"
+    onnx.save(proto, source)
+    rc, _, err = run_cli(capsys, "optimize", source, "-o", tmp_path / "t.om", "--precision",
+                         "fp16", "--verify")
+    assert rc != 0 and "cosine" in err
+    assert "output(s) 'out' (at most" in err and "below float16's smallest normal number" in err
+    assert "--keep-dtype, --precision-deny" in err
