@@ -15,7 +15,8 @@ from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.option_names import option, setting
 from graphopt.passes import Options
 from graphopt.random_seeds import seeding_note
-from graphopt.rounding import unstable_selection_hint, within_half_precision, within_rounding
+from graphopt.rounding import (lossy_selection_hint, unstable_selection_hint,
+                               within_half_precision, within_rounding)
 from graphopt.source_marks import frames_hint, inserted_preprocessing
 
 
@@ -148,6 +149,9 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         problems = below_cosine(expected, actual, judge)
     if problems:
         failing = [p.output for p in problems] if judge["min_cosine"] is None else []
+        lossy = [] if judge["min_cosine"] is None else [
+            name for name in expected if name in actual
+            and below_cosine({name: expected[name]}, {name: actual[name]}, judge)]
         raise VerificationError(f"{option('verify')}: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3])
                                 + unstable_selection_hint(original, feeds, expected, failing,
@@ -157,6 +161,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                                           original.metadata_props)))
                                 + _half_overflow(original, optimized, feeds, options)
                                 + _half_underflow(expected, options)
+                                + lossy_selection_hint(original, lossy)
                                 + _quantized_hint(options, judge))
     _check_loads_at_all(original, optimized)
     seeded = seeding_note(original)

@@ -116,6 +116,20 @@ def unstable_selection_hint(original: ModelProto, feeds, expected: dict, failing
             f"{option('out_nodes')})")
 
 
+def lossy_selection_hint(original: ModelProto, failing: list[str]) -> str:
+    """A hint for a lossy compile (fp16, int8, int4) whose failing outputs all follow a
+    NonMaxSuppression or TopK: half precision or int8 moves near-tied scores enough to select
+    other boxes, which the boxes' cosine cannot tell from an error; the scores before the
+    selection can be verified. "" otherwise."""
+    selections = _selections_before(original, failing) if original is not None else {}
+    if not failing or len(selections) != len(failing):
+        return ""
+    ops = " or ".join(sorted(set(selections.values())))
+    return (f" (output(s) {', '.join(repr(n) for n in failing)} follow a {ops}: a lossy "
+            "precision moves near-tied scores enough to select other elements; verify the "
+            f"scores before the selection with {option('out_nodes')})")
+
+
 def _selections_before(original: ModelProto, names: list[str]) -> dict[str, str]:
     """For each of the main graph's values `names` that a NonMaxSuppression or TopK reaches,
     the type of one such op upstream: in the main graph, or in a body of a node upstream

@@ -1029,3 +1029,15 @@ def test_boxes_shifted_after_a_selection_are_no_rounding(in_body):
                                                                                      in_body),
                             feeds)
     assert not report.passed and "rounding" not in (report.rows[0].note or "")
+
+
+def test_a_lossy_failure_after_a_selection_points_to_the_scores_before_it():
+    from graphopt.rounding import lossy_selection_hint
+
+    model = _near_tied_selection(0.0, in_body=True)
+    model.graph.output.append(onnx.helper.make_tensor_value_info(
+        "scores", onnx.TensorProto.FLOAT, None))
+    assert "output(s) 'y' follow a TopK: a lossy precision moves near-tied scores" \
+        in lossy_selection_hint(model, ["y"])
+    assert "out_nodes" in lossy_selection_hint(model, ["y"])  # the API names it so
+    assert lossy_selection_hint(model, ["scores"]) == ""  # before the selection
