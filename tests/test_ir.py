@@ -521,3 +521,25 @@ def test_a_long_attribute_list_is_encoded_once_and_again_when_it_changes():
     ir_node.set_attr("ids", list(range(1, 5001)))
     again = exported()
     assert again["values"][3] == -1.0 and again["ids"] == list(range(1, 5001))
+
+
+def test_shape_inference_exports_leave_tree_tables_out():
+    # InferShapes exports the model three times; ONNX's inference reads no split or leaf of a
+    # tree ensemble, whose lists in a catboost model of 1,000 trees hold 255,000 values each.
+    from graphopt.ir.onnx_export import without_tree_tables
+
+    n = 2047
+    node = helper.make_node("TreeEnsembleRegressor", ["x"], ["y"], domain="ai.onnx.ml",
+                            n_targets=1, nodes_treeids=[0] * n, nodes_nodeids=list(range(n)),
+                            nodes_values=[0.5] * n, classlabels_int64s=list(range(1100)))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2, 3])], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                         None)])
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                              helper.make_opsetid("ai.onnx.ml",
+                                                                                  3)]))
+    with without_tree_tables():
+        (inferred,) = to_onnx(model).graph.node
+    assert sorted(a.name for a in inferred.attribute) == ["classlabels_int64s", "n_targets"]
+    (written,) = to_onnx(model).graph.node  # every other export keeps them all
+    assert len(written.attribute) == 5

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Callable, Mapping
 
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TypeProto, ValueInfoProto
@@ -156,9 +159,35 @@ def _fill_node(proto: NodeProto, node: Node) -> NodeProto:
     proto.output.extend([v.name if v is not None else "" for v in node._outputs])
     if node.attrs:
         attributes = proto.attribute
+        tables_left_out = _WITHOUT_TREE_TABLES.get() and node.domain == "ai.onnx.ml"
         for attr in node.attrs.values():
+            if tables_left_out and _tree_table(attr):
+                continue
             _fill_attribute(attributes.add(), attr)
     return proto
+
+
+# Set while a model is exported for shape inference alone (without_tree_tables).
+_WITHOUT_TREE_TABLES: ContextVar[bool] = ContextVar("graphopt_without_tree_tables",
+                                                    default=False)
+
+
+@contextlib.contextmanager
+def without_tree_tables() -> Iterator[None]:
+    """Exports within leave out the long per-node lists of ai.onnx.ml ops (a tree ensemble's
+    splits and leaves, 255,000 values each in a catboost model of 1,000 trees), but their class
+    labels: ONNX's shape inference reads none of them, and graphopt types those ops' outputs
+    by rule (ml_types)."""
+    token = _WITHOUT_TREE_TABLES.set(True)
+    try:
+        yield
+    finally:
+        _WITHOUT_TREE_TABLES.reset(token)
+
+
+def _tree_table(attr: Attr) -> bool:
+    return attr.type in _SCALAR_LISTS and len(attr.value) >= _REUSED_LIST \
+        and not attr.name.startswith("classlabels")
 
 
 def attribute_to_proto(attr: Attr) -> AttributeProto:

@@ -9,7 +9,7 @@ import onnx
 from onnx import ModelProto, TypeProto, ValueInfoProto
 
 from graphopt.ir import DType, Model
-from graphopt.ir.onnx_export import to_onnx
+from graphopt.ir.onnx_export import to_onnx, without_tree_tables
 from graphopt.ir.onnx_io import graph_protos, read_type
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
@@ -34,7 +34,8 @@ def weightless_proto(model: Model, value_infos: bool = True) -> ModelProto:
     """The model with weights above DATA_PROP_LIMIT bytes as typed inputs; without the
     intermediate values' types when `value_infos` is False (with them, the nodes whose size
     onnxruntime disputes are hidden from inference: see disputed_shapes)."""
-    proto = to_onnx(model, weights_as_inputs_above=DATA_PROP_LIMIT, value_infos=value_infos)
+    with without_tree_tables():
+        proto = to_onnx(model, weights_as_inputs_above=DATA_PROP_LIMIT, value_infos=value_infos)
     if proto.ir_version < 4:
         proto.ir_version = 4  # lets initializers stay out of the input list for inference
     _unbind_overridable(model, proto.graph)
