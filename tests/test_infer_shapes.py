@@ -1000,3 +1000,41 @@ def test_a_classifiers_scores_have_a_column_per_label_past_two(op, labels):
     assert scores.shape == (64, labels if labels > 2 else None)
     ran = numerics.run(proto, {"x": np.zeros((64, 4), np.float32)})["scores"]
     assert labels == 2 or ran.shape == (64, labels)
+
+
+@pytest.mark.parametrize("stops_early", [False, True])
+def test_a_loop_that_runs_every_trip_has_scan_outputs_of_its_trip_count(stops_early):
+    # torch's EmbeddingBag: a Loop of one iteration per bag whose condition stays true. Pinned,
+    # a DLRM's bag sums had kept an unknown length and gone to the host as a dynamic shape.
+    # A condition the body computes may stop the loop early: the length stays open.
+    cond_out = (helper.make_node("Less", ["i", "limit"], ["cond_out"]) if stops_early
+                else helper.make_node("Cast", ["keep"], ["cond_out"], to=TensorProto.BOOL))
+    body = helper.make_graph(
+        [cond_out, helper.make_node("Gather", ["table", "i"], ["row"])], "bag",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("row", TensorProto.FLOAT, [3])])
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["offsets"], ["n"]),
+         helper.make_node("Squeeze", ["n"], ["trips"]),
+         helper.make_node("Loop", ["trips", "keep"], ["rows"], body=body),
+         helper.make_node("Relu", ["rows"], ["y"])], "g",
+        [helper.make_tensor_value_info("offsets", TensorProto.INT64, [5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.ones((8, 3), np.float32), "table"),
+         numpy_helper.from_array(np.array(True), "keep"),
+         numpy_helper.from_array(np.array(2, np.int64), "limit")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION)
+    compiled = optimize(proto, level=2)
+    values = {v.name: v for v in compiled.model.graph.all_values()}
+    leading = values["y"].shape[0]
+    if stops_early:
+        assert not isinstance(leading, int)
+    else:
+        assert leading == 5
+    feeds = {"offsets": np.arange(5, dtype=np.int64)}
+    expected = numerics.run(proto, feeds)["y"]
+    assert expected.shape == ((3 if stops_early else 5), 3)
+    np.testing.assert_array_equal(numerics.run(compiled.to_onnx(), feeds)["y"], expected)

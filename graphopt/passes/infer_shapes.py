@@ -13,6 +13,7 @@ from graphopt.ir.onnx_export import to_onnx, without_tree_tables
 from graphopt.ir.onnx_io import graph_protos, read_type
 from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.disputed_shapes import forget_disputed_sizes, hide_from_inference
+from graphopt.passes.loop_lengths import fill_scan_lengths
 from graphopt.passes.ml_types import ML_TYPED_BY_RULE, declare_spec_types
 from graphopt.passes.qlinear_types import QLINEAR_TYPED_BY_RULE, broadcast_shape
 from graphopt.protowire import varint
@@ -107,7 +108,8 @@ def infer_shapes(model: Model) -> int:
         changed += record_types(model, inferred)
         # A node whose size onnxruntime and ONNX dispute forgets the sizes inferred from
         # it: the next round derives them from its unknown ones, which inference keeps.
-        carried = _carry_through_contrib_ops(model) + forget_disputed_sizes(model)
+        carried = _carry_through_contrib_ops(model) + forget_disputed_sizes(model) \
+            + fill_scan_lengths(model)
         if not carried:
             return changed
         changed += carried
