@@ -15,8 +15,8 @@ from graphopt.errors import InputError, OptionError, VerificationError
 from graphopt.option_names import option, setting
 from graphopt.passes import Options
 from graphopt.random_seeds import seeding_note
-from graphopt.rounding import (lossy_selection_hint, unstable_selection_hint,
-                               within_half_precision, within_rounding)
+from graphopt.rounding import (lossy_selection_hint, unreproduced_hint,
+                               unstable_selection_hint, within_half_precision, within_rounding)
 from graphopt.source_marks import frames_hint, inserted_preprocessing
 
 
@@ -156,6 +156,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
                                 + "; ".join(str(p) for p in problems[:3])
                                 + unstable_selection_hint(original, feeds, expected, failing,
                                                           judge)
+                                + unreproduced_hint(original, feeds, expected, failing)
                                 + _seeded_inputs_hint(inputs, options,
                                                       bool(inserted_preprocessing(
                                                           original.metadata_props)))
