@@ -552,6 +552,33 @@ def test_shared_weight_transpose_ends_as_fused_matmul_trans_b_at_o2():
     assert_same_outputs(proto, result.model)
 
 
+def test_a_tied_4bit_table_gathered_through_a_reshape_is_stored_once():
+    # onnxruntime-genai's int4 export of a tied head: MatMulNBits reads the packed weight,
+    # GatherBlockQuantized a Reshape of it. Folded, the table was stored twice.
+    rows, k, block = 64, 64, 32
+    packed = np.random.default_rng(0).integers(0, 255, (rows, k // block, block // 2),
+                                               dtype=np.uint8)
+    scales = np.full((rows, k // block), 0.01, np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["w", "shape"], ["table"]),
+         helper.make_node("GatherBlockQuantized", ["table", "ids", "s"], ["emb"],
+                          domain="com.microsoft", bits=4, block_size=block, gather_axis=0,
+                          quantize_axis=1),
+         helper.make_node("MatMulNBits", ["emb", "w", "s"], ["logits"], domain="com.microsoft",
+                          K=k, N=rows, bits=4, block_size=block)], "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3, rows])],
+        [numpy_helper.from_array(packed, "w"), numpy_helper.from_array(scales, "s"),
+         numpy_helper.from_array(np.array([rows, k // 2], np.int64), "shape")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=IR_VERSION)
+    model, stats = fold(proto, fold_size_limit=512)  # the 2 KiB table is above it
+    assert stats == {} and "Reshape" in ops(model)
+    assert sorted(model.graph.initializers) == ["s", "shape", "w"]
+    assert_same_outputs(proto, model)
+
+
 def test_shared_weight_transpose_below_the_cap_folds():
     proto = _tied_embedding(vocab=64)
     model, stats = fold(proto)
