@@ -21,12 +21,13 @@ MIN = float(np.finfo(np.float32).min)
 
 
 def grouped_attention(mask="add", repeat="in_place", batch=B,
-                      rotated=False) -> onnx.ModelProto:
+                      rotated=False, open_heads=False) -> onnx.ModelProto:
     """A Llama-style self-attention block on x [batch, S, D]: Q over N heads, K and V over G
     heads repeated for the query heads as transformers' repeat_kv writes it (`in_place`: head n
     reads K/V head n // (N/G)), or tiled (`tiled`: head n reads head n % G), then scores,
     the mask, softmax, the context and the output projection. `rotated` scales Q's and K's split
-    heads per token and channel, as a rotary embedding between the split and the repeat does."""
+    heads per token and channel, as a rotary embedding between the split and the repeat does.
+    `open_heads` splits them as transformers does, view(B, S, -1, head_dim)."""
     rng = np.random.default_rng(7)
     nodes, inits = [], []
 
@@ -40,8 +41,9 @@ def grouped_attention(mask="add", repeat="in_place", batch=B,
         return out
 
     def heads(x, count, name):
-        return op("Transpose", op("Reshape", x, const(f"{name}_split", [0, S, count, H],
-                                                      np.int64)), perm=[0, 2, 1, 3])
+        split = [0, S, -1 if open_heads else count, H]
+        return op("Transpose", op("Reshape", x, const(f"{name}_split", split, np.int64)),
+                  perm=[0, 2, 1, 3])
 
     def projected(width, name):
         return op("Add", op("MatMul", "x", const(f"w{name}", rng.standard_normal((D, width))
@@ -128,6 +130,13 @@ def test_a_rotary_embedding_of_heads_merged_back_rotates_the_merged_tensor():
     counts = compiled(grouped_attention(rotated="rope"))
     # RotaryEmbedding reads Q's and K's projections as they are, its heads counted by
     # num_heads: no head split and no merge is left around it.
+    assert counts == {"MatMul": 4, "Add": 3, "RotaryEmbedding": 2, "GroupQueryAttention": 1}
+
+
+def test_heads_split_with_an_open_count_are_rotated_merged_too():
+    # transformers' Llama writes view(B, S, -1, head_dim): the rotary embedding had stayed on
+    # split heads, and its layout ops and three projections with it.
+    counts = compiled(grouped_attention(rotated="rope", open_heads=True))
     assert counts == {"MatMul": 4, "Add": 3, "RotaryEmbedding": 2, "GroupQueryAttention": 1}
 
 

@@ -19,6 +19,15 @@ from graphopt.passes.fusion.group_query import const_list as _target
 from graphopt.passes.rules import Rule
 
 
+def _split_heads(target: list[int], width: int) -> int:
+    """The head count of a head split's target [B, S, N, H] of a [B, S, width] tensor: N, or
+    width / H where N is -1 (transformers' `view(B, S, -1, head_dim)`); 0 when it has none."""
+    heads, size = target[2], target[3]
+    if heads == -1 and size > 0 and width % size == 0:
+        return width // size
+    return heads
+
+
 class RotaryOnMergedHeads(Rule):
     """Reshape(Transpose(RotaryEmbedding(Transpose(Reshape(p))))) → RotaryEmbedding(p) over
     the merged heads (module docstring)."""
@@ -41,9 +50,10 @@ class RotaryOnMergedHeads(Rule):
         heads_of = _target(split)
         if heads_of is None or len(heads_of) != 4 or zero_in and 0 in heads_of:
             return "the head split is not a constant [B, S, N, H]"
-        heads, size = heads_of[2:]
+        heads, size = _split_heads(heads_of, shape[2]), heads_of[3]
         if heads <= 0 or size <= 0 or heads * size != shape[2] \
-                or heads_of[0] not in (0, -1, shape[0]) or heads_of[1] not in (0, -1, shape[1]):
+                or heads_of[0] not in (0, -1, shape[0]) or heads_of[1] not in (0, -1, shape[1]) \
+                or heads_of[2] == -1 and -1 in heads_of[:2]:
             return f"the head split {heads_of} does not part %{p.name}'s width into heads"
         back = _target(merge)
         if back is None or len(back) != 3 or back[2] != shape[2] or zero_out and 0 in back \
@@ -52,7 +62,7 @@ class RotaryOnMergedHeads(Rule):
         return None
 
     def rewrite(self, op, p, split, ids, cos, sin, interleaved=0, dim=0, scale=1.0, **_):
-        heads = _target(split)[2]
+        heads = _split_heads(_target(split), p.shape[2])
         return op.RotaryEmbedding(p, ids, cos, sin, _domain=MS, interleaved=interleaved,
                                   num_heads=heads, rotary_embedding_dim=dim, scale=scale)
 
