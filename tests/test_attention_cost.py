@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from graphopt import numerics
 from graphopt.ir import load_onnx
 from graphopt.partition.target import load_target
 from graphopt.tuner.attention import AttentionWork, attention_work
@@ -127,3 +128,31 @@ def test_the_npu_prices_a_flash_kernel():
                    {"num_heads": 32, "unidirectional": 1})
     ratio = vector_estimate(causal, npu).seconds / vector_estimate(full, npu).seconds
     assert 0.45 < ratio < 0.6
+
+
+def test_a_group_query_attention_without_a_past_has_present_keys_of_its_own_tokens():
+    # They had stayed of unknown rank, and the NPU left the node to the host as a dynamic shape.
+    from graphopt.passes.infer_shapes import infer_shapes
+
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "lens", "total"],
+                            ["y", "pk", "pv"], domain="com.microsoft", num_heads=8,
+                            kv_num_heads=2)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("q", F16, [1, 16, 512]),
+         helper.make_tensor_value_info("k", F16, [1, 16, 128]),
+         helper.make_tensor_value_info("v", F16, [1, 16, 128]),
+         helper.make_tensor_value_info("lens", TensorProto.INT32, [1]),
+         helper.make_tensor_value_info("total", TensorProto.INT32, [])],
+        [helper.make_tensor_value_info(name, F16, None) for name in ("y", "pk", "pv")])
+    model = load_onnx(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]))
+    infer_shapes(model)
+    shapes = {v.name: v.shape for v in next(iter(model.graph)).outputs}
+    assert shapes == {"y": (1, 16, 512), "pk": (1, 2, 16, 64), "pv": (1, 2, 16, 64)}
+    ran = numerics.run(helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]),
+        {"q": np.zeros((1, 16, 512), np.float16), "k": np.zeros((1, 16, 128), np.float16),
+         "v": np.zeros((1, 16, 128), np.float16), "lens": np.array([15], np.int32),
+         "total": np.array(16, np.int32)})
+    assert ran["pk"].shape == (1, 2, 16, 64)

@@ -210,9 +210,9 @@ def _matmul_nbits_types(node) -> list:
 
 def _group_query_attention_types(node) -> list:
     """GroupQueryAttention's output [B, S, N·H] in the query's dtype: the query's own width, or
-    N/(N + 2·N_kv) of it where Q, K and V come packed (no key input). Its present keys are left
-    to the model's declarations: their length depends on the past buffer's (a graph output's
-    declaration says it)."""
+    N/(N + 2·N_kv) of it where Q, K and V come packed (no key input); without a past, its
+    present keys and values [B, N_kv, S, H]. With a past their length depends on the past
+    buffer's, which the model's declarations say (a graph output's)."""
     query, heads, kv_heads = node.inputs[0], node.attr("num_heads"), node.attr("kv_num_heads")
     if query.dtype is None or not isinstance(heads, int) or not isinstance(kv_heads, int):
         return []
@@ -222,7 +222,11 @@ def _group_query_attention_types(node) -> list:
                  else (shape[0], shape[1], None))]
     packed = node.input(1) is None
     width = shape[2] * heads // (heads + 2 * kv_heads) if packed else shape[2]
-    return [(0, query.dtype, (shape[0], shape[1], width))]
+    types = [(0, query.dtype, (shape[0], shape[1], width))]
+    if node.input(3) is None and width % heads == 0:  # no past: the present is the new keys
+        present = (shape[0], kv_heads, shape[1], width // heads)
+        types += [(1, query.dtype, present), (2, query.dtype, present)]
+    return types
 
 
 def _dynamic_quantize_lstm_types(node) -> list:

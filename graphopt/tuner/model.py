@@ -97,7 +97,11 @@ def node_estimate(node: Node, device, model: Model | None = None,
         if shape is not None:
             tiling = tiling or default_tiling(shape, device)
             return "cube", estimate(shape, tiling, device), tiling
-    return "vector", vector_estimate(node, device, functions), None
+    # A kernel the profile puts on the cube without a tiling here (a fused attention, a
+    # weight-only GEMM) keeps the cube's name; vector_estimate prices its cube work.
+    kind = "cube" if device.cube and device.on_cube(node.op_type, node.domain,
+                                                    data_dtype(node)) else "vector"
+    return kind, vector_estimate(node, device, functions), None
 
 
 def _group_cube_shape(call: Node, function, device) -> GemmShape | None:
