@@ -192,6 +192,8 @@ def _op_json(s: OpSupport) -> dict:
                              for a, values in s.attributes.items()}
     if s.attribute_ranges:
         out["attribute_ranges"] = {a: list(bounds) for a, bounds in s.attribute_ranges.items()}
+    if s.absent_inputs:
+        out["absent_inputs"] = list(s.absent_inputs)
     if s.rank_attributes:
         out["rank_attributes"] = {
             str(rank): {a: [list(v) if isinstance(v, tuple) else v for v in values]
@@ -216,6 +218,7 @@ def _dtypes(s: OpSupport) -> str:
 def _constraints(s: OpSupport) -> str:
     parts = [f"{a} in {'/'.join(map(str, values))}" for a, values in s.attributes.items()]
     parts += [f"{a} {low:g} to {high:g}" for a, (low, high) in s.attribute_ranges.items()]
+    parts += [f"no input {index}" for index in s.absent_inputs]
     parts += [f"{a} in {'/'.join(map(str, values))} at rank {rank}"
               for rank, limits in s.rank_attributes.items() for a, values in limits.items()]
     parts += [f"{dtype} on {engine}" for dtype, engine in s.dtype_engines.items()]

@@ -207,6 +207,21 @@ def test_weight_only_gemms_go_to_the_910b_within_cann_limits(attrs, device, reas
     assert placement.reason == reason
 
 
+def test_a_weight_only_gemm_with_an_act_order_index_stays_on_the_host():
+    # WeightQuantBatchMatmulV2 takes no g_idx: GPTQ's act-order exports had gone to the NPU.
+    text = """
+        g (float16[1, 8, 64] a, uint8[64, 2, 16] b, float16[128] s, int32[64] gidx)
+          => (float16[1, 8, 64] y) {
+            y = com.microsoft.MatMulNBits <K = 64, N = 64, bits = 4, block_size = 32>
+                (a, b, s, , gidx)
+        }"""
+    model = load_onnx(parse_model(text, header=CONTRIB))
+    ((_, placement),) = place(model, load_target("ascend910b")).items()
+    assert placement.device == "cpu"
+    assert placement.reason == "input 4 (%gidx) of com.microsoft::MatMulNBits: the kernel " \
+                               "takes no such operand"
+
+
 @pytest.mark.parametrize("attrs, device", [
     ("num_heads = 32, kv_num_heads = 8", "npu"),
     ("num_heads = 32, kv_num_heads = 8, local_window_size = 4096", "npu"),  # a band mask
@@ -378,6 +393,9 @@ def _broken(change) -> dict:
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "attributes", {"pads": [1]}),
      "devices[0].engines.cube.ops.Conv.attributes.pads[0]: Conv's pads is INTS, got 1"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "absent_inputs", [-1]),
+     "devices[0].engines.cube.ops.Conv.absent_inputs[0]: expected an integer ≥ 0 and ≤ 64, got -1"),
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "attribute_ranges", {"group": [4, 1]}),
      "devices[0].engines.cube.ops.Conv.attribute_ranges.group: the lowest value 4 is above the "

@@ -72,6 +72,7 @@ def _fit(node: Node, device: Device, functions: dict,
     if support is None:
         return None, _no_kernel(device, node.op_type, node.domain)
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
+              or _absent_input_problem(node, support)
               or attribute_problem(node.attr, support, node.op_type, node.domain,
                                    _data_rank(node), opsets.get(node.domain))
               or _output_problem(node, support, device.name)
@@ -192,6 +193,14 @@ def _dtype_problem(node: Node, support: OpSupport) -> str | None:
         if name not in support.dtypes:
             accepted = ", ".join(sorted(support.dtypes))
             return f"dtype {name} of {_describe(value)}: {support.op} takes {accepted}"
+    return None
+
+
+def _absent_input_problem(node: Node, support: OpSupport) -> str | None:
+    for index in support.absent_inputs:
+        if index < len(node.inputs) and node.inputs[index] is not None:
+            return f"input {index} (%{node.inputs[index].name}) of {support.op}: the kernel " \
+                   "takes no such operand"
     return None
 
 

@@ -41,6 +41,7 @@ class OpSupport:
     rank_attributes: Mapping[int, Mapping[str, tuple]] = field(default_factory=dict)
     # attribute -> (lowest, highest) value taken, both included (MatMulNBits' N ≤ 65535)
     attribute_ranges: Mapping[str, tuple] = field(default_factory=dict)
+    absent_inputs: tuple[int, ...] = ()  # optional inputs the kernel has no operand for
 
     def attributes_at(self, rank: int | None) -> Mapping[str, tuple]:
         """The attribute values the kernel takes for a data input of `rank`."""
@@ -507,7 +508,8 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                                           for a, values in limits.items()})
                     for rank, limits in op.get("rank_attributes", {}).items()}),
                 attribute_ranges=FrozenMap({a: tuple(bounds) for a, bounds
-                                            in op.get("attribute_ranges", {}).items()}))
+                                            in op.get("attribute_ranges", {}).items()}),
+                absent_inputs=tuple(int(i) for i in op.get("absent_inputs", ())))
     return kernels
 
 

@@ -169,6 +169,12 @@ TARGET_SCHEMA: dict[str, Any] = {
                                "additionalProperties": {"type": "array", "minItems": 1},
                                "description": "Attribute -> the values the kernel takes; an "
                                               "attribute not named takes any value."},
+                "absent_inputs": {
+                    "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 64},
+                    "uniqueItems": True, "minItems": 1,
+                    "description": "Indices of optional inputs the kernel has no operand for: "
+                                   "a node that gives one stays on the host (MatMulNBits' "
+                                   "g_idx, 4)."},
                 "attribute_ranges": {
                     "type": "object",
                     "additionalProperties": {"type": "array", "items": {"type": "number"},
