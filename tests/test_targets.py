@@ -395,7 +395,8 @@ def _broken(change) -> dict:
      "devices[0].engines.cube.ops.Conv.attributes.pads[0]: Conv's pads is INTS, got 1"),
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "absent_inputs", [-1]),
-     "devices[0].engines.cube.ops.Conv.absent_inputs[0]: expected an integer ≥ 0 and ≤ 64, got -1"),
+     "devices[0].engines.cube.ops.Conv.absent_inputs[0]: expected an integer ≥ 0 and ≤ 64, "
+     "got -1"),
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "attribute_ranges", {"group": [4, 1]}),
      "devices[0].engines.cube.ops.Conv.attribute_ranges.group: the lowest value 4 is above the "
