@@ -194,6 +194,8 @@ def _op_json(s: OpSupport) -> dict:
         out["attribute_ranges"] = {a: list(bounds) for a, bounds in s.attribute_ranges.items()}
     if s.absent_inputs:
         out["absent_inputs"] = list(s.absent_inputs)
+    if s.head_size:
+        out["head_size"] = dict(s.head_size)
     if s.rank_attributes:
         out["rank_attributes"] = {
             str(rank): {a: [list(v) if isinstance(v, tuple) else v for v in values]
@@ -219,6 +221,10 @@ def _constraints(s: OpSupport) -> str:
     parts = [f"{a} in {'/'.join(map(str, values))}" for a, values in s.attributes.items()]
     parts += [f"{a} {low:g} to {high:g}" for a, (low, high) in s.attribute_ranges.items()]
     parts += [f"no input {index}" for index in s.absent_inputs]
+    if s.head_size:
+        from graphopt.partition.placement import head_size_words
+
+        parts.append(f"head size {head_size_words(s.head_size)}")
     parts += [f"{a} in {'/'.join(map(str, values))} at rank {rank}"
               for rank, limits in s.rank_attributes.items() for a, values in limits.items()]
     parts += [f"{dtype} on {engine}" for dtype, engine in s.dtype_engines.items()]

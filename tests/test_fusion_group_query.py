@@ -21,13 +21,16 @@ MIN = float(np.finfo(np.float32).min)
 
 
 def grouped_attention(mask="add", repeat="in_place", batch=B,
-                      rotated=False, open_heads=False) -> onnx.ModelProto:
+                      rotated=False, open_heads=False, size=H) -> onnx.ModelProto:
     """A Llama-style self-attention block on x [batch, S, D]: Q over N heads, K and V over G
     heads repeated for the query heads as transformers' repeat_kv writes it (`in_place`: head n
     reads K/V head n // (N/G)), or tiled (`tiled`: head n reads head n % G), then scores,
     the mask, softmax, the context and the output projection. `rotated` scales Q's and K's split
     heads per token and channel, as a rotary embedding between the split and the repeat does.
-    `open_heads` splits them as transformers does, view(B, S, -1, head_dim)."""
+    `open_heads` splits them as transformers does, view(B, S, -1, head_dim); `size` is the
+    head size."""
+    H = size  # noqa: N806 - the module's names, at this block's head size
+    D = N * H  # noqa: N806
     rng = np.random.default_rng(7)
     nodes, inits = [], []
 
@@ -133,6 +136,16 @@ def test_a_rotary_embedding_of_heads_merged_back_rotates_the_merged_tensor():
     assert counts == {"MatMul": 4, "Add": 3, "RotaryEmbedding": 2, "GroupQueryAttention": 1}
 
 
+def test_a_head_size_the_910bs_kernel_refuses_stays_multi_head_attention():
+    # FusedInferAttentionScore takes head sizes that are multiples of 16: at 8, the attention
+    # stays where the NPU runs it rather than become a GroupQueryAttention for the host.
+    result = graphopt.optimize(grouped_attention(batch=1), target="ascend910b",
+                               trace_rules={"GroupQueryCausalAttention"})
+    assert not any(n.op_type == "GroupQueryAttention" for n in result.model.graph)
+    assert any("GroupQueryAttention takes head sizes up to 512, a multiple of 16, not 8" in line
+               for line in result.traces), result.traces
+
+
 def test_heads_split_with_an_open_count_are_rotated_merged_too():
     # transformers' Llama writes view(B, S, -1, head_dim): the rotary embedding had stayed on
     # split heads, and its layout ops and three projections with it.
@@ -163,11 +176,8 @@ def test_the_refusal_says_what_grouped_attention_needs():
                for line in result.traces), result.traces
 
 
-def test_a_head_size_the_cpu_kernel_refuses_stays_multi_head_attention(monkeypatch):
-    import test_fusion_group_query as this
-    monkeypatch.setattr(this, "H", 4)
-    monkeypatch.setattr(this, "D", this.N * 4)
-    counts = compiled(grouped_attention())
+def test_a_head_size_the_cpu_kernel_refuses_stays_multi_head_attention():
+    counts = compiled(grouped_attention(size=4))
     assert counts["MultiHeadAttention"] == 1 and not counts["GroupQueryAttention"]
 
 
@@ -193,7 +203,8 @@ def test_a_mask_over_a_past_and_the_new_tokens_is_no_causal_self_attention():
 def test_the_910b_runs_grouped_query_attention_and_rotary_on_its_npu(target, fused):
     # Atlas A2 has FusedInferAttentionScore and RotaryPositionEmbedding; the 310 has neither,
     # so there the attention stays in ops its NPU runs.
-    result = graphopt.optimize(grouped_attention(rotated="rope", batch=1), target=target)
+    result = graphopt.optimize(grouped_attention(rotated="rope", batch=1, size=16),
+                               target=target)
     ops = Counter(node.op_type for node in result.model.graph)
     assert bool(ops["GroupQueryAttention"]) == fused and bool(ops["RotaryEmbedding"]) == fused
     if fused:  # the NPU has their kernels (a block this small may still return to the host)

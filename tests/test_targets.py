@@ -956,3 +956,21 @@ def test_on_cube_follows_a_dtypes_engine(tmp_path):
     device = target.device("npu")
     assert device.on_cube("MatMul") and device.on_cube("MatMul", "", "float16")
     assert not device.on_cube("MatMul", "", "int8")
+
+
+@pytest.mark.parametrize("size, device", [(128, "npu"), (80, "npu"), (24, "cpu"), (520, "cpu")])
+def test_grouped_query_attention_goes_to_the_910b_at_the_head_sizes_cann_takes(size, device):
+    # FusedInferAttentionScore: head sizes up to 512, multiples of 16 (sizes of 24 and 520 had
+    # gone to the NPU).
+    text = f"""
+        g (float16[1, 64, {4 * size}] q, float16[1, 64, {size}] k, float16[1, 64, {size}] v,
+           int32[1] lens, int32 total) => (float16[1, 64, {4 * size}] y) {{
+            y = com.microsoft.GroupQueryAttention <num_heads = 4, kv_num_heads = 1>
+                (q, k, v, , , lens, total)
+        }}"""
+    (placement,) = place(load_onnx(parse_model(text, header=CONTRIB)),
+                         load_target("ascend910b")).values()
+    assert placement.device == device, placement.reason
+    if device == "cpu":
+        assert placement.reason == f"head size {size} of com.microsoft::GroupQueryAttention: " \
+                                   "the kernel takes up to 512, a multiple of 16"

@@ -72,7 +72,7 @@ def _fit(node: Node, device: Device, functions: dict,
     if support is None:
         return None, _no_kernel(device, node.op_type, node.domain)
     reason = (_dtype_problem(node, support) or _rank_problem(node, support)
-              or _absent_input_problem(node, support)
+              or _absent_input_problem(node, support) or _head_size_problem(node, support)
               or attribute_problem(node.attr, support, node.op_type, node.domain,
                                    _data_rank(node), opsets.get(node.domain))
               or _output_problem(node, support, device.name)
@@ -202,6 +202,30 @@ def _absent_input_problem(node: Node, support: OpSupport) -> str | None:
             return f"input {index} (%{node.inputs[index].name}) of {support.op}: the kernel " \
                    "takes no such operand"
     return None
+
+
+def _head_size_problem(node: Node, support: OpSupport) -> str | None:
+    """A fused attention whose head size the kernel does not take (profile's `head_size`)."""
+    if not support.head_size:
+        return None
+    from graphopt.tuner.attention import attention_work
+
+    work = attention_work(node)
+    if work is None:
+        return None
+    largest, step = support.head_size.get("max"), support.head_size.get("multiple_of", 1)
+    for size in dict.fromkeys((work.head_size, work.value_head_size)):
+        if largest is not None and size > largest or size % step:
+            limits = head_size_words(support.head_size)
+            return f"head size {size} of {support.op}: the kernel takes {limits}"
+    return None
+
+
+def head_size_words(limits) -> str:
+    """`limits` ({max, multiple_of}) as words: "up to 512, a multiple of 16"."""
+    bounds = [f"up to {limits['max']}"] if "max" in limits else []
+    bounds += [f"a multiple of {limits['multiple_of']}"] if "multiple_of" in limits else []
+    return ", ".join(bounds)
 
 
 def _rank_problem(node: Node, support: OpSupport) -> str | None:

@@ -42,6 +42,7 @@ class OpSupport:
     # attribute -> (lowest, highest) value taken, both included (MatMulNBits' N ≤ 65535)
     attribute_ranges: Mapping[str, tuple] = field(default_factory=dict)
     absent_inputs: tuple[int, ...] = ()  # optional inputs the kernel has no operand for
+    head_size: Mapping[str, int] = field(default_factory=dict)  # attention: max, multiple_of
 
     def attributes_at(self, rank: int | None) -> Mapping[str, tuple]:
         """The attribute values the kernel takes for a data input of `rank`."""
@@ -509,7 +510,8 @@ def _kernels(doc: dict, engines: dict[str, str], where: str) -> dict[str, OpSupp
                     for rank, limits in op.get("rank_attributes", {}).items()}),
                 attribute_ranges=FrozenMap({a: tuple(bounds) for a, bounds
                                             in op.get("attribute_ranges", {}).items()}),
-                absent_inputs=tuple(int(i) for i in op.get("absent_inputs", ())))
+                absent_inputs=tuple(int(i) for i in op.get("absent_inputs", ())),
+                head_size=FrozenMap({k: int(v) for k, v in op.get("head_size", {}).items()}))
     return kernels
 
 

@@ -169,6 +169,16 @@ TARGET_SCHEMA: dict[str, Any] = {
                                "additionalProperties": {"type": "array", "minItems": 1},
                                "description": "Attribute -> the values the kernel takes; an "
                                               "attribute not named takes any value."},
+                "head_size": {
+                    "type": "object", "additionalProperties": False, "minProperties": 1,
+                    "properties": {
+                        "max": {"type": "integer", "minimum": 1, "maximum": 1 << 20,
+                                "description": "The largest head size the kernel takes."},
+                        "multiple_of": {"type": "integer", "minimum": 1, "maximum": 1 << 10,
+                                        "description": "Head sizes are multiples of it."}},
+                    "description": "A fused attention kernel's head sizes (of Q and K, and of "
+                                   "V): at most `max`, a multiple of `multiple_of` (CANN's "
+                                   "FusedInferAttentionScore: 512, 16)."},
                 "absent_inputs": {
                     "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 64},
                     "uniqueItems": True, "minItems": 1,

@@ -215,6 +215,23 @@ def _projection(value: Value):
     return matmul.input(0), matmul.input(1), bias
 
 
+def _head_size_refused(target, root: Value, size: int) -> str | None:
+    """Why the target's device for the attention takes no GroupQueryAttention of this head
+    size (the 910B's FusedInferAttentionScore: up to 512, multiples of 16)."""
+    if target is None:
+        return None
+    from graphopt.partition.placement import head_size_words
+    from graphopt.passes.rules import placed_device
+
+    device = placed_device(target, root)
+    kernel = device.kernel("GroupQueryAttention", MS)
+    limits = kernel.head_size if kernel is not None else {}
+    if not limits or size <= limits.get("max", size) and size % limits.get("multiple_of", 1) == 0:
+        return None
+    return f"target {target.shown}: its {device.name}'s GroupQueryAttention takes head sizes " \
+           f"{head_size_words(limits)}, not {size}"
+
+
 class GroupQueryCausalAttention(Rule):
     """MultiHeadAttention over K/V heads repeated for groups of query heads, with a causal
     mask, → com.microsoft::GroupQueryAttention over the unrepeated K/V (module docstring)."""
@@ -228,7 +245,7 @@ class GroupQueryCausalAttention(Rule):
             scale=Attr("scale", None), unidirectional=Attr("causal", 0),
             mask_filter_value=Attr("filter", None, pred=lambda f: f is None))
 
-    def check(self, q, k, v, heads, causal=0, bias=None):
+    def check(self, q, k, v, heads, causal=0, bias=None, target=None):
         kv = [repeated_heads(x, heads) for x in (k, v)]
         if None in kv:
             return "K or V is not a repeat of fewer heads for groups of the query's " \
@@ -246,7 +263,7 @@ class GroupQueryCausalAttention(Rule):
             return f"the query %{q.name} has no inferred shape to tell its length by"
         if size % 8:  # onnxruntime 1.32's CPU kernel refuses any other head size when it runs
             return f"the head size {size} is not a multiple of 8"
-        return causal_problem(bias, causal, length)
+        return _head_size_refused(target, q, size) or causal_problem(bias, causal, length)
 
     def rewrite(self, op, q, k, v, heads, scale=None, **_):
         (k_split, groups), (v_split, _) = (repeated_heads(x, heads) for x in (k, v))
