@@ -214,15 +214,8 @@ class _GraphFolder:
         """A large weight transposed for MatMul/Gemm while something else also reads it (GPT-2's
         LM head and its tied token embedding): folding would store it twice, and FuseMatMul
         reads it through transB instead, which MLAS runs as fast."""
-        if node.op_type != "Transpose" or not node.is_onnx or node.output is None:
-            return False
-        weight = node.input(0)
-        if weight is None or weight.producer is not None or len(weight.consumers()) < 2:
-            return False
-        readers = node.output.consumers()
-        return bool(readers) and not node.output.is_graph_output \
-            and all(r.op_type in ("MatMul", "Gemm") and r.is_onnx for r in readers) \
-            and (self.sizes.nbytes(weight) or 0) > self.limit
+        return node.op_type == "Transpose" and self._second_copy(
+            node, lambda r: r.op_type in ("MatMul", "Gemm") and r.is_onnx)
 
     def _shared_table_view(self, node: Node) -> bool:
         """A Reshape (or Squeeze, Unsqueeze, Flatten) of a large weight that something else
@@ -230,14 +223,19 @@ class _GraphFolder:
         onnxruntime-genai's int4 export gathers as GatherBlockQuantized(Reshape(head's 4-bit
         weight)). Folded, the table was stored twice (a Qwen2-0.5B-like .om took 191 MB for
         123 MB of weights); a view costs nothing at run time."""
-        if node.op_type not in _VIEWS or not node.is_onnx or node.output is None:
+        return node.op_type in _VIEWS and self._second_copy(node, lambda r: r.op_type in _GATHERS)
+
+    def _second_copy(self, node: Node, reader_ok) -> bool:
+        """Whether folding `node` (an ONNX op of one output) would store a second copy of a
+        weight above the limit that something else reads too, for readers `reader_ok` takes."""
+        if not node.is_onnx or node.output is None:
             return False
         weight = node.input(0)
         if weight is None or weight.producer is not None or len(weight.consumers()) < 2:
             return False
         readers = node.output.consumers()
         return bool(readers) and not node.output.is_graph_output \
-            and all(r.op_type in _GATHERS for r in readers) \
+            and all(reader_ok(r) for r in readers) \
             and (self.sizes.nbytes(weight) or 0) > self.limit
 
     def _bounded(self, node: Node) -> bool:
