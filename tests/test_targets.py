@@ -394,6 +394,10 @@ def _broken(change) -> dict:
         "attributes", {"pads": [1]}),
      "devices[0].engines.cube.ops.Conv.attributes.pads[0]: Conv's pads is INTS, got 1"),
     (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
+        "attribute_ranges", {"group": [1, 2 ** 70]}),
+     "devices[0].engines.cube.ops.Conv.attribute_ranges.group[1]: Conv's group is INT, got "
+     "1180591620717411303424"),
+    (lambda d: d["devices"][0]["engines"]["cube"]["ops"]["Conv"].__setitem__(
         "absent_inputs", [-1]),
      "devices[0].engines.cube.ops.Conv.absent_inputs[0]: expected an integer ≥ 0 and ≤ 64, "
      "got -1"),

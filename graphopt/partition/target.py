@@ -426,8 +426,9 @@ def _is_kind(value, kind: str) -> bool:
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-    single = {"INT": lambda v: number(v) and float(v).is_integer(), "FLOAT": number,
-              "STRING": lambda v: isinstance(v, str)}
+    # An INT attribute is an int64: a bound past it (2**70) matched every node, shown as 1.2e21.
+    single = {"INT": lambda v: number(v) and float(v).is_integer() and -2 ** 63 <= v < 2 ** 63,
+              "FLOAT": number, "STRING": lambda v: isinstance(v, str)}
     if kind in single:
         return single[kind](value)
     if kind.endswith("S") and kind[:-1] in single:
