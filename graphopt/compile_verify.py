@@ -138,6 +138,7 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         raise VerificationError(f"{option('verify')}: onnxruntime cannot run the optimized model: "
                                 f"{numerics.ort_reason(e)}"
                                 + _original_fails_too(original, feeds, level)) from None
+    lossy: list[str] = []  # the outputs a cosine rule fails
     if judge["min_cosine"] is None:
         problems = numerics.compare(expected, actual, judge["rtol"], judge["atol"])
         if problems and allow_rounding:
@@ -147,11 +148,11 @@ def verify_outputs(original: ModelProto, optimized: ModelProto, inputs, options:
         from graphopt.tools.accuracy_rule import below_cosine
 
         problems = below_cosine(expected, actual, judge)
+        if problems:
+            lossy = [name for name in expected if name in actual
+                     and below_cosine({name: expected[name]}, {name: actual[name]}, judge)]
     if problems:
         failing = [p.output for p in problems] if judge["min_cosine"] is None else []
-        lossy = [] if judge["min_cosine"] is None else [
-            name for name in expected if name in actual
-            and below_cosine({name: expected[name]}, {name: actual[name]}, judge)]
         raise VerificationError(f"{option('verify')}: optimized model differs from the original: "
                                 + "; ".join(str(p) for p in problems[:3])
                                 + unstable_selection_hint(original, feeds, expected, failing,
