@@ -114,3 +114,20 @@ def write_calibration(folder, samples: np.ndarray, layout: str, name: str = "x")
     arrays = samples if layout == "float64" else samples.astype(np.float32)
     np.savez(path, **{name: arrays[:, 0] if layout == "batch" else arrays})
     return path
+
+
+def as_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its float32 inputs, outputs, value types and weights in float16, finite
+    weights clipped to float16's range as exporters write them (float32's lowest as a mask
+    fill becomes float16's, -65504, not -inf)."""
+    for info in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
+        if info.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            info.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    largest = float(np.finfo(np.float16).max)
+    for i, init in enumerate(proto.graph.initializer):
+        array = numpy_helper.to_array(init)
+        if array.dtype == np.float32:
+            clipped = np.where(np.isfinite(array), np.clip(array, -largest, largest), array)
+            proto.graph.initializer[i].CopyFrom(numpy_helper.from_array(
+                clipped.astype(np.float16), init.name))
+    return proto

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import IR_VERSION, ops, parse_model
+from helpers import IR_VERSION, as_float16, ops, parse_model
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
@@ -468,18 +468,47 @@ def test_a_mask_whose_batch_the_inputs_name_apart_from_qs_is_refused():
         assert stats == {"ScaledDotProductAttention": 1}, batch
 
 
-def test_float16_attention_is_refused_the_cpu_kernel_is_fp32():
-    proto = attention("div", "none")
-    for info in list(proto.graph.input) + list(proto.graph.output):
-        info.type.tensor_type.elem_type = TensorProto.FLOAT16
-    for i, init in enumerate(proto.graph.initializer):
-        array = numpy_helper.to_array(init)
-        if array.dtype == np.float32:
-            proto.graph.initializer[i].CopyFrom(numpy_helper.from_array(
-                array.astype(np.float16), init.name))
-    _, stats, trace = fuse(proto, trace=True)
+@pytest.mark.parametrize("target", [None, "cpu"])
+def test_float16_attention_stays_unfused_where_onnxruntimes_cpu_runs_it(target):
+    # Its CPU provider has a float32 MultiHeadAttention alone, which it would run between Casts.
+    _, stats, trace = fuse(as_float16(attention("div", "none")), trace=True, target=target)
     assert stats == {}
-    assert any("does not take f16" in line for line in trace), trace
+    assert any("MultiHeadAttention kernel for float16" in line for line in trace), trace
+
+
+FLOAT16_FORMS = [("div", "none"), ("mul", "add"), ("fused", "add"), ("div", "causal"),
+                 ("mul", "built_additive")]
+
+
+@pytest.mark.parametrize("form,mask", FLOAT16_FORMS)
+def test_float16_attention_fuses_for_an_npu_that_runs_it_in_float16(form, mask):
+    fill = float(np.finfo(np.float16).min)  # what exporters write for a masked key in float16
+    proto = as_float16(attention(form, mask, k_perm=(0, 2, 1, 3) if form == "fused"
+                                 else (0, 2, 3, 1), fill=fill))
+    model, stats, _ = fuse(proto, target="ascend910b")
+    assert stats == {"ScaledDotProductAttention": 1}
+    out = to_onnx(model)
+    onnx.checker.check_model(out)
+    feeds = numerics.random_feeds(proto, seed=7)
+    if "mask" in feeds:  # keys 4 and 5 of the second sequence are padding
+        feeds["mask"] = np.zeros(feeds["mask"].shape, np.float16)
+        feeds["mask"][1, ..., 4:] = fill
+    (expected,), (actual,) = (numerics.run(m, feeds).values() for m in (proto, out))
+    # The fused kernel sums in float32 where the ops round each step to float16: within a
+    # few of float16's steps of the largest output, never more.
+    step = float(np.abs(expected).max()) * 2.0 ** -10
+    assert expected.dtype == actual.dtype == np.float16
+    assert np.abs(actual.astype(np.float32) - expected.astype(np.float32)).max() <= 4 * step
+
+
+def test_a_float16_where_fill_that_does_not_swallow_every_score_stays_unfused():
+    # float16's lowest, filled in by Where, makes a row whose every key is masked an even
+    # average of V; the fused kernel adds it to each score in float32 and would not.
+    fill = float(np.finfo(np.float16).min)
+    proto = as_float16(attention("div", "where_input", fill=fill))
+    _, stats, trace = fuse(proto, trace=True, target="ascend910b")
+    assert stats == {}
+    assert any("not a number that swallows any score" in line for line in trace), trace
 
 
 @pytest.mark.parametrize("name,layers", [("bert_base", 2), ("gpt2_small", 2)])

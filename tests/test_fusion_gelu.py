@@ -13,6 +13,7 @@ from onnx import TensorProto, numpy_helper
 import graphopt
 from graphopt import numerics
 from graphopt.ir import format_model, load_onnx, to_onnx, verify
+from graphopt.partition.target import load_target
 from graphopt.passes import PASSES, Options, PassContext
 from graphopt.passes.infer_shapes import infer_shapes
 from graphopt.passes.rules import Tracer
@@ -94,12 +95,14 @@ def to_float16(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def fuse(proto: onnx.ModelProto, trace: tuple[str, ...] = (), **options):
+def fuse(proto: onnx.ModelProto, trace: tuple[str, ...] = (), target: str | None = None,
+         **options):
     """Load, infer shapes, run FuseGelu once; returns (model, stats, trace lines)."""
     onnx.checker.check_model(proto)
     model = load_onnx(proto)
     infer_shapes(model)
-    ctx = PassContext(Options(**options), tracer=Tracer(set(trace)) if trace else None)
+    ctx = PassContext(Options(**options), tracer=Tracer(set(trace)) if trace else None,
+                      target=load_target(target) if target else None)
     result = PASSES["FuseGelu"]().run(model, ctx)
     verify(model)
     return model, dict(result.stats), (ctx.tracer.report() if trace else [])
@@ -176,12 +179,30 @@ def test_intermediate_with_an_extra_consumer_is_not_fused(rule):
 
 
 @pytest.mark.parametrize("rule", list(FORMS))
-def test_float16_is_not_fused_the_cpu_kernels_are_fp32(rule):
+@pytest.mark.parametrize("target", [None, "cpu"])
+def test_float16_is_not_fused_where_onnxruntimes_cpu_runs_it(rule, target):
+    # Its CPU provider has float32 kernels alone for these ops: it would run them between Casts.
     proto = to_float16(onnx.parser.parse_model(model_text(rule)))
-    model, stats, traces = fuse(proto, trace=(rule,))
+    model, stats, traces = fuse(proto, trace=(rule,), target=target)
     assert stats == {} and not any(op.startswith("com.microsoft") for op in ops(model)
                                    if op not in given_ops(rule))
-    assert any("the fused kernel does not take f16 (only f32)" in line for line in traces), traces
+    assert any(f"{FORMS[rule]['fused']} kernel for float16" in line for line in traces), traces
+
+
+@pytest.mark.parametrize("rule", list(FORMS))
+def test_float16_fuses_for_an_npu_with_float16_kernels(rule):
+    proto = to_float16(onnx.parser.parse_model(model_text(rule)))
+    model, stats, _ = fuse(proto, target="ascend310")
+    assert stats == {rule: 1}
+    out = to_onnx(model)
+    onnx.checker.check_model(out)
+    feeds = numerics.random_feeds(proto, seed=7, dims={"N": 8})
+    feeds["x"] = feeds["x"] * 3
+    (expected,), (actual,) = (numerics.run(m, feeds).values() for m in (proto, out))
+    # The kernel computes in float32 and rounds once, where the ops round every step.
+    assert actual.dtype == np.float16
+    error = np.abs(actual.astype(np.float32) - expected.astype(np.float32))
+    assert np.all(error <= 2.0 ** -9 * np.maximum(np.abs(expected.astype(np.float32)), 1.0))
 
 
 def test_quick_gelu_with_another_alpha_is_refused():

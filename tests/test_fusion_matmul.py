@@ -17,6 +17,7 @@ from graphopt.ir import Model, load_onnx, to_onnx, verify
 from graphopt.passes.base import PASSES, PassContext
 from graphopt.passes.fusion.matmul import FuseMatMul
 from graphopt.passes.infer_shapes import infer_shapes
+from graphopt.partition.target import load_target
 from graphopt.passes.options import Options
 from graphopt.passes.rules import Tracer
 
@@ -32,13 +33,15 @@ def weight(*shape: int, dtype=np.float32) -> np.ndarray:
     return RNG.standard_normal(shape).astype(dtype)
 
 
-def fuse(proto: onnx.ModelProto | Model, rounds: int = 4) -> tuple[Model, Counter]:
+def fuse(proto: onnx.ModelProto | Model, rounds: int = 4,
+         target: str | None = None) -> tuple[Model, Counter]:
     """FuseMatMul to a fixed point (as the pipeline runs it), verifying the IR after each run."""
     model = load_onnx(proto) if isinstance(proto, onnx.ModelProto) else proto
     infer_shapes(model)
     stats: Counter = Counter()
     for _ in range(rounds):
-        result = FuseMatMul().run(model, PassContext(Options()))
+        result = FuseMatMul().run(model, PassContext(
+            Options(), target=load_target(target) if target else None))
         verify(model)
         assert result.changed == bool(result.stats)
         stats.update(result.stats)
@@ -225,10 +228,10 @@ FUSED_MATMUL_NEGATIVES = {
         "perm=[0,1,3,2]>(k)", "perm=[0,2,1,3]>(k)").replace("float[2,4,8,16] k",
                                                             "float[2,16,4,8] k")),
         "TransposeIntoMatMulB", "does not swap the last two axes only"),
-    # float16: the contrib kernels are fp32 only here.
+    # float16 without a target: onnxruntime's CPU provider has a float32 FusedMatMul alone.
     "float16": (lambda: build(ATTENTION.format(tail="y = Identity(s)").replace("float[",
                                                                                "float16[")),
-                "TransposeIntoMatMulB", "does not take f16"),
+                "TransposeIntoMatMulB", "FusedMatMul kernel for float16"),
     # The transposed key is a graph output too.
     "kt kept": (lambda: build(ATTENTION.format(tail="y = Identity(s)").replace(
         "=> (float[2,4,8,8] y)", "=> (float[2,4,8,8] y, float[2,4,16,8] kt)")),
@@ -405,8 +408,24 @@ SCALED_OPERAND_NEGATIVES = {
     "float16": (lambda: build(SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n"
                                           " y = MatMul(qs, ks)").replace("float", "float16"),
                               s=np.array(0.5, np.float16), d=np.array([8.0], np.float16)),
-                "does not take f16"),
+                "FusedMatMul kernel for float16"),
 }
+
+
+def test_float16_scores_scaled_on_both_sides_fuse_for_an_npu():
+    # The NPUs run FusedMatMul in float16; one rounding where the ops round three times.
+    proto = build(SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n y = MatMul(qs, ks)")
+                  .replace("float", "float16"), s=np.array(0.5, np.float16),
+                  d=np.array([8.0], np.float16))
+    model, stats = fuse(proto, target="ascend310")
+    assert stats == {"ScaledOperandsMatMul": 1} and ops(model) == ["com.microsoft::FusedMatMul"]
+    rewritten = to_onnx(model)
+    onnx.checker.check_model(rewritten)
+    feeds = numerics.random_feeds(proto, seed=0)
+    (expected,), (actual,) = (numerics.run(m, feeds).values() for m in (proto, rewritten))
+    assert actual.dtype == np.float16
+    step = float(np.abs(expected).max()) * 2.0 ** -10
+    assert np.abs(actual.astype(np.float32) - expected.astype(np.float32)).max() <= 2 * step
 
 
 @pytest.mark.parametrize("case", SCALED_OPERAND_NEGATIVES)

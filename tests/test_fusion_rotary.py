@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import IR_VERSION
+from helpers import IR_VERSION, as_float16
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
@@ -241,3 +241,20 @@ def test_rotate_every_two_refusals_say_why(edit, reason):
     model, stats, trace = fuse(every_two(**edit), rules={"RotateEveryTwo"})
     assert stats == {} and "Neg" in [n.op_type for n in model.graph]
     assert any(reason in line for line in trace), trace
+
+
+@pytest.mark.parametrize("target", [None, "ascend910b"])
+def test_a_float16_rotation_becomes_rotary_embedding(target):
+    # onnxruntime's CPU provider and the 910B both run RotaryEmbedding in float16.
+    proto = as_float16(rotary())
+    model, stats, _ = fuse(proto, target=target)
+    assert stats == {"RotateHalf": 1}
+    (node,) = model.graph
+    assert node.qualified_op == "com.microsoft::RotaryEmbedding"
+    assert node.inputs[2].constant().dtype == np.float16
+    feeds = numerics.random_feeds(proto, seed=0)
+    (expected,), (actual,) = (numerics.run(m, feeds).values() for m in (proto, to_onnx(model)))
+    # x·cos + rot(x)·sin rounded once or at each of its three steps: a step of float16 apart.
+    assert actual.dtype == np.float16
+    error = np.abs(actual.astype(np.float32) - expected.astype(np.float32))
+    assert np.all(error <= 2.0 ** -10 * np.maximum(np.abs(expected.astype(np.float32)), 1.0))

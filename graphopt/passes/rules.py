@@ -22,6 +22,7 @@ from graphopt.ir.pattern import Match, Matcher, Miss, OpPattern, PatternBuilder,
 from graphopt.opcheck import runtime_schemas
 from graphopt.passes.base import Pass, PassContext, PassResult
 from graphopt.passes.edit import replace_value
+from graphopt.partition.target_ort import op_key, ort_cpu_kernels
 
 RULES: dict[str, type["Rule"]] = {}
 
@@ -34,7 +35,9 @@ class Rule:
     `rewrite` reaches the model as `op.model`.
     `emits` lists the (domain, op_type) the rewrite creates, which must have a kernel in the
     runtime, and `dtypes` the element types of the root's output the kernels accept (empty:
-    any). `exposes` names pattern nodes (by their `_name`) whose output the fused op computes
+    any); `device_dtypes` more that a target's device may take (its float16), fused where the
+    device that would run the match states a kernel for them (without a target, onnxruntime's
+    CPU provider, which runs such a compile, must have one). `exposes` names pattern nodes (by their `_name`) whose output the fused op computes
     too, so that readers outside the match may keep it: `rewrite` may then name `exposed`,
     the set of those names whose output something outside still reads, and returns
     `(result, {name: value})` with a value for each."""
@@ -42,6 +45,7 @@ class Rule:
     name: ClassVar[str] = ""
     emits: ClassVar[tuple[tuple[str, str], ...]] = ()
     dtypes: ClassVar[tuple[DType, ...]] = ()
+    device_dtypes: ClassVar[tuple[DType, ...]] = ()
     exposes: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
@@ -83,10 +87,15 @@ class Rule:
         for domain, op_type in self.emits:
             if (domain, op_type) not in runtime_schemas():
                 return f"onnxruntime has no {domain or 'ai.onnx'}::{op_type} kernel"
-        if self.dtypes and root.dtype not in self.dtypes:
+        taken = self.dtypes + self.device_dtypes
+        if self.dtypes and root.dtype not in taken:
             kind = root.dtype.short if root.dtype is not None else "unknown"
             return f"the fused kernel does not take {kind} (only " \
-                   f"{', '.join(d.short for d in self.dtypes)})"
+                   f"{', '.join(d.short for d in taken)})"
+        if target is None and root.dtype in self.device_dtypes:
+            refusal = _host_refuses(self.emits, root.dtype)
+            if refusal:
+                return refusal
         if any(domain not in ("", "ai.onnx") for domain, _ in self.emits) \
                 and _in_sequence_map(root.graph):
             # onnxruntime expands the body, and a contrib op it has no kernel for at the
@@ -166,6 +175,18 @@ def target_refuses(target, emits, root: Value) -> str | None:
         if not device.has_kernel(op_type, domain, dtype):
             return (f"target {target.shown}: its {device.name} has no {domain or 'ai.onnx'}::"
                     f"{op_type} kernel for {dtype or 'this type'}")
+    return None
+
+
+def _host_refuses(emits, dtype: DType) -> str | None:
+    """Why onnxruntime's CPU provider, which runs a compile without a target, cannot run an op
+    in `emits` at `dtype` with a kernel of its own: it would run a float32 kernel between Casts
+    it inserts, which the unfused ops may well beat."""
+    name = _dtype_name(int(dtype))
+    for domain, op_type in emits:
+        if name not in ort_cpu_kernels().get(op_key(op_type, domain), ()):
+            return (f"onnxruntime's CPU provider, which runs a compile without --target, has no "
+                    f"{domain or 'ai.onnx'}::{op_type} kernel for {name}")
     return None
 
 

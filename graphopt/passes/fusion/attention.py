@@ -260,6 +260,20 @@ def _on_cpu(target, *values: Value) -> bool:
     return device.kind == "cpu"
 
 
+def _no_row_masked_whole(fill, keep: Value | None, drop: Value | None) -> bool:
+    """Whether a float16 Where fills masked scores with float16's lowest (what exporters write
+    there) under a constant condition that keeps a key in every row (a causal mask): each
+    masked key's weight is then 0 whether the fill replaces its score or is added to it, and
+    no row is left to average V by the fill alone."""
+    cond = keep if keep is not None else drop
+    data = cond.constant() if cond is not None else None
+    if fill.dtype != np.float16 or float(fill.reshape(-1)[0]) > np.finfo(np.float16).min \
+            or data is None or data.ndim < 1 or data.size == 0:
+        return False
+    kept = data if keep is not None else ~data
+    return bool(np.all(np.any(kept, axis=-1)))
+
+
 def _bias_problem(m: Value, bns: list, t, declared: set[str]) -> str | None:
     """Why M cannot be MultiHeadAttention's attention_bias [B or 1, N or 1, S, T] (`bns` the
     entries B, N, S; `declared` as _widens_nothing's)."""
@@ -471,6 +485,7 @@ class ScaledDotProductAttention(Rule):
 
     emits = ((MS, "MultiHeadAttention"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, q4, k, v4):
         probs = op.Softmax(_masked(op, _scores(op, q4, k)), axis=Attr("axis"))
@@ -492,8 +507,9 @@ class ScaledDotProductAttention(Rule):
             return "Softmax has no axis: before opset 13 that means axis 1"
         if axis not in (None, -1, 3):
             return f"Softmax runs over axis {axis}, not the key axis"
-        if q4.dtype != DType.FLOAT or k.dtype != q4.dtype or v4.dtype != q4.dtype:
-            return "Q, K and V are not all float32"
+        if q4.dtype not in (DType.FLOAT, DType.FLOAT16) or k.dtype != q4.dtype \
+                or v4.dtype != q4.dtype:
+            return "Q, K and V are not all float32 or all float16"
         if div is not None and float(div.reshape(-1)[0]) == 0.0:
             return "the scores are divided by zero"
         scale = _scale(alpha, q_scale, k_scale, mul, div)
@@ -524,7 +540,8 @@ class ScaledDotProductAttention(Rule):
         if adds_nothing(mask, keep):  # fused without it, where it broadcasts no further
             return _widening(mask if mask is not None else keep,
                              [equal.entry(d) for d in (*dims[0][:3], dims[2][2])])
-        if fill is not None and not float(fill.reshape(-1)[0]) <= SWALLOWING_FILL:
+        if fill is not None and not float(fill.reshape(-1)[0]) <= SWALLOWING_FILL \
+                and not _no_row_masked_whole(fill, keep, drop):
             return f"the masked scores are filled with {fill.reshape(-1)[0]}, not a number " \
                    "that swallows any score (float32's lowest): score + fill is then not " \
                    "the fill, and a row whose every key is masked would stop averaging V evenly"
@@ -538,8 +555,8 @@ class ScaledDotProductAttention(Rule):
                    "runs slower than the MatMul + Softmax it replaces (pin the sequence with " \
                    f"{option('input_shapes')} or {option('dynamic_dims')} to make the mask a " \
                    "constant)"
-        if mask is not None and mask.dtype != DType.FLOAT:
-            return f"the additive mask %{mask.name} is not float32"
+        if mask is not None and mask.dtype != q4.dtype:
+            return f"the additive mask %{mask.name} is not of Q's type, {q4.dtype.short}"
         if cond is not None and cond.dtype != DType.BOOL:
             return f"the Where condition %{cond.name} is not bool"
         if mask is None and cond is None:
@@ -661,6 +678,7 @@ class PackedSelfAttention(Rule):
 
     emits = ((MS, "Attention"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, x, wq, wk, wv, bq, bk, bv, bias):
         return _self_attention(op, x, wq, wk, wv, bq, bk, bv, bias)

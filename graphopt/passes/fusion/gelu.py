@@ -49,6 +49,7 @@ def _erf_part_either(op, x):
 class _ToGelu(Rule):
     emits = ((MS, "Gelu"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def rewrite(self, op, x):
         return op.Gelu(x, _domain=MS)
@@ -107,6 +108,7 @@ def _tanh_inner(op, x):
 class _ToFastGelu(Rule):
     emits = ((MS, "FastGelu"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def rewrite(self, op, x, **_):
         return op.FastGelu(x, _domain=MS)
@@ -140,6 +142,7 @@ class QuickGelu(Rule):
 
     emits = ((MS, "QuickGelu"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, x):
         return op.Mul(x, op.Sigmoid(op.Mul(x, Const(pred=_scalar, name="alpha"))))
@@ -170,6 +173,7 @@ class Silu(Rule):
 
     emits = ((MS, "QuickGelu"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, x):
         return op.Mul(x, op.Sigmoid(x))
@@ -191,6 +195,7 @@ class BiasGelu(Rule):
 
     emits = ((MS, "BiasGelu"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, x, bias):
         return op.Gelu(op.Add(x, bias), _domain=MS)

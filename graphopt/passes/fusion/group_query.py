@@ -10,7 +10,10 @@ repeat each for its group before attending (transformers' `repeat_kv`):
 
 Head n of the N = G·R heads reads K/V head n // R, as GroupQueryAttention's query head n reads
 its KV head n // (N / G). With the constant causal bias that a pinned export's mask folds to
-(0 on and below the diagonal, a fill that swallows any score above: float32's lowest or -inf)
+(0 on and below the diagonal, a fill that swallows any score above: float32's lowest or -inf;
+in float16 its lowest, −65504, which exporters write there and whose sum with a score rounds to
+it or to -inf, never near a score: a causal row keeps its diagonal, so every masked key's
+weight is 0 either way)
 the result is GroupQueryAttention's, which is causal by itself, over q and the unrepeated k and
 v merged back to [B,S,G·H] (the projections themselves where nothing came between them and the
 split: a rotary embedding on the split heads stays), with every sequence full (seqlens_k =
@@ -189,7 +192,8 @@ def causal_problem(bias: Value | None, causal: int, length: int) -> str | None:
         return f"the attention bias is {list(data.shape)}, not one [{length}, {length}] mask"
     square = data.reshape(length, length)
     below = np.tril(np.ones((length, length), bool))
-    if np.any(square[below] != 0) or np.any(square[~below] > SWALLOWING_FILL):
+    fill = np.finfo(np.float16).min if data.dtype == np.float16 else SWALLOWING_FILL
+    if np.any(square[below] != 0) or np.any(square[~below] > fill):
         return "the attention bias is not a causal mask (0 on and below the diagonal, a fill " \
                "that swallows any score above it)"
     return None
@@ -238,6 +242,7 @@ class GroupQueryCausalAttention(Rule):
 
     emits = ((MS, "GroupQueryAttention"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, q, k, v, bias):
         return op.MultiHeadAttention(
@@ -293,7 +298,7 @@ def _packed(op, q: Value, k: Value, v: Value) -> Value | None:
         return None
     x = parts[0][0]
     weights = np.concatenate([w.constant() for _, w, _ in parts], axis=1)
-    if weights.dtype != np.float32:
+    if weights.dtype not in (np.float32, np.float16):
         return None
     packed = op.MatMul(x, op.const(weights))
     if all(b is None for _, _, b in parts):

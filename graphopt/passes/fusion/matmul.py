@@ -176,6 +176,7 @@ class _IntoFusedMatMul(Rule):
 
     emits = ((MS, "FusedMatMul"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
     flip: str = ""  # "A" or "B" when the rule swallows a Transpose of that operand
 
     def plausible(self, root):

@@ -163,6 +163,7 @@ class PackedProjectionAttention(HandMatchedRule):
     root_op = "MultiHeadAttention"
     emits = ((MS, "Attention"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def match(self, node):
         extra = [i for i, v in enumerate(node.inputs) if v is not None and i >= 3]

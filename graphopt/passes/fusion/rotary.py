@@ -120,6 +120,7 @@ class RotateHalf(Rule):
 
     emits = ((MS, "RotaryEmbedding"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, x, cos, sin):
         second, first = (op.Slice(x, *(Optional(Var(f"{half}_{what}"))
@@ -149,6 +150,7 @@ class RotateEveryTwo(Rule):
 
     emits = ((MS, "RotaryEmbedding"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def pattern(self, op, x, cos, sin, shape):
         odd, even = (op.Slice(x, *(Optional(Var(f"{which}_{what}"))
