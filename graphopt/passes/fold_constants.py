@@ -40,6 +40,7 @@ from graphopt.passes.base import Pass, PassContext, PassResult, register
 from graphopt.passes.facts import constant_node_tensor, random_reason
 from graphopt.passes.fold_eval import EvalError, evaluate, is_castlike
 from graphopt.passes.fold_sizes import Sizes
+from graphopt.passes.tied_tables import RULE, read_through_table, tied_head
 
 # Ops whose output can be far larger than their inputs: folded only when the output size is known.
 GENERATORS = {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Pad", "OneHot", "EyeLike",
@@ -331,16 +332,24 @@ class _GraphFolder:
         return failed
 
     def _commit(self, region: list[Node], frontier: list[Value]) -> Counter:
+        heads = {id(node.output): weight for node in region
+                 if (weight := tied_head(node, self.limit, self.sizes)) is not None}
+        tables = []
         for value in frontier:
             replacement = self.aliases.get(id(value))
             if replacement is None:
-                become_initializer(self.graph, value, self.results[id(value)])
+                const = become_initializer(self.graph, value, self.results[id(value)])
+                if id(value) in heads:
+                    tables.append((heads[id(value)], const))
             else:
                 value.replace_all_uses_with(replacement)
         # Reverse order: by then every output of a region node is read only by removed nodes.
         for node in reversed(region):
             self.graph.remove(node)
-        return Counter(node.op_type for node in region)
+        folded = Counter(node.op_type for node in region)
+        for weight, table in tables:
+            folded[f"{RULE}:heads"] += read_through_table(self.graph, weight, table, self.ctx)
+        return +folded
 
 
 def _live(node: Node) -> bool:
