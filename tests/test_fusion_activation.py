@@ -9,11 +9,12 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from helpers import node, ops, parse_model
+from helpers import as_float16, node, ops, parse_model
 
 from graphopt import numerics, zoo
 from graphopt.compiler import optimize
 from graphopt.ir import Model, load_onnx, to_onnx, verify
+from graphopt.partition.target import load_target
 from graphopt.passes.base import PASSES, PassContext
 from graphopt.passes.fusion.activation import FLOAT_MAX, FuseActivation, runtime_refuses
 from graphopt.passes.fusion.matmul import FuseMatMul
@@ -38,7 +39,8 @@ def scalar(value: float) -> np.ndarray:
     return np.array(value, np.float32)
 
 
-def fuse(proto: onnx.ModelProto | Model, passes=(FuseActivation,)) -> tuple[Model, Counter]:
+def fuse(proto: onnx.ModelProto | Model, passes=(FuseActivation,),
+         target: str | None = None) -> tuple[Model, Counter]:
     """Run `passes` to a fixed point (as the pipeline does), verifying the IR after each run."""
     model = load_onnx(proto) if isinstance(proto, onnx.ModelProto) else proto
     infer_shapes(model)
@@ -46,7 +48,8 @@ def fuse(proto: onnx.ModelProto | Model, passes=(FuseActivation,)) -> tuple[Mode
     for _ in range(4):
         changed = False
         for cls in passes:
-            result = cls().run(model, PassContext(Options()))
+            result = cls().run(model, PassContext(
+                Options(), target=load_target(target) if target else None))
             verify(model)
             assert result.changed == bool(result.stats)
             stats.update(result.stats)
@@ -111,6 +114,22 @@ def test_conv_activation_becomes_fused_conv(rule):
     same_outputs(proto, model)
 
 
+@pytest.mark.parametrize("target, fused", [("ascend310", True), ("cpu", False), (None, False)])
+def test_a_float16_conv_and_relu_fuse_where_the_device_runs_fused_conv_in_float16(target, fused):
+    # The NPUs run FusedConv in float16; onnxruntime's CPU provider has a float32 kernel alone.
+    proto = as_float16(conv_model("Relu(c)"))
+    model, stats = fuse(proto, target=target)
+    assert (stats == {"ConvRelu": 1}) == fused
+    assert (ops(model) == ["com.microsoft::FusedConv"]) == fused
+    rewritten = to_onnx(model)
+    onnx.checker.check_model(rewritten)
+    feeds = numerics.random_feeds(proto, seed=0)
+    (expected,), (actual,) = (numerics.run(m, feeds).values() for m in (proto, rewritten))
+    assert actual.dtype == np.float16
+    np.testing.assert_allclose(actual.astype(np.float32), expected.astype(np.float32),
+                               rtol=2.0 ** -10, atol=2.0 ** -14)
+
+
 @pytest.mark.parametrize("act,extra,consts,header,params", [
     ("LeakyRelu(c)", "", {}, HEADER, [0.01]),                          # ONNX default alpha
     ("HardSigmoid(c)", "", {}, HEADER, [0.2, 0.5]),                    # ONNX defaults
@@ -149,7 +168,7 @@ CONV_NEGATIVES = {  # case: (model, traced rule, reason)
     "float16": (lambda: build(
         "g (float16[1,3,8,8] x, float16[4,3,3,3] w) => (float16[1,4,8,8] y) {"
         " c = Conv<pads=[1,1,1,1]>(x, w)\n y = Relu(c) }", w=weight(4, 3, 3, 3, dtype=np.float16)),
-        "ConvRelu", "does not take f16"),
+        "ConvRelu", "has no com.microsoft::FusedConv kernel for float16"),
     "clip min fed": (lambda: conv_model("Clip(c, lo, hi)", ", float lo, float hi",
                                         {"hi": 6.0}),
                      "ConvClip", "%lo is not constant"),

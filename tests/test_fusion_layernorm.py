@@ -583,8 +583,6 @@ SKIP_REFUSALS = {  # body, inputs, outputs, the reason; the plain LayerNorm rule
                        "not of one known shape"),
     "sum-read-twice": (SKIP, "float[B,S,8] a, float[B,S,8] b", "float[B,S,8] y, float[B,S,8] x",
                        "is a graph output"),
-    "float16": (SKIP_F16, "float16[B,S,8] a, float16[B,S,8] b", "float16[B,S,8] y",
-                "does not take f16"),
 }
 
 
@@ -596,7 +594,18 @@ def test_skip_layernorm_refusals(case):
     assert any(reason in line for line in report), report
     assert stats == {"LayerNormDecomposed": 1}
     assert "com.microsoft::SkipLayerNormalization" not in _ops(model)
-    _same_numerics(proto, model, 1e-2 if case == "float16" else TOL)
+    _same_numerics(proto, model, TOL)
+
+
+def test_a_float16_residual_layernorm_becomes_skip_layernorm_for_an_npu():
+    # The NPUs run SkipLayerNormalization in float16: one kernel where the ops round each
+    # step to float16 (the mean, the variance, the root), so within float16's precision.
+    proto = _model(SKIP_F16, 17, inputs="float16[B,S,8] a, float16[B,S,8] b",
+                   outputs="float16[B,S,8] y")
+    model, stats, _ = _fuse(proto, target=NPU)
+    assert stats == {"SkipLayerNormDecomposed": 1}
+    assert _ops(model) == ["com.microsoft::SkipLayerNormalization"]
+    _same_numerics(proto, model, 1e-2)
 
 
 # -- RMSNorm ---------------------------------------------------------------------------------

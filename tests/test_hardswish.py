@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from helpers import parse_model
+from helpers import as_float16, parse_model
 
 import graphopt
 from graphopt import numerics
@@ -119,3 +119,18 @@ def test_a_conv_and_its_hardswish_run_as_one_blocked_conv_on_the_cpu():
     assert not {"Add", "Clip", "Mul", "Div"} & {n.op_type for n in out.graph.node}
     feeds = numerics.random_feeds(proto, seed=2)  # NCHWc sums the conv in another order
     assert not numerics.compare(numerics.run(proto, feeds), numerics.run(out, feeds), 1e-4, 1e-5)
+
+
+@pytest.mark.parametrize("target, fused", [("ascend310", True), ("cpu", False)])
+def test_a_float16_hardswish_fuses_where_its_device_runs_it_in_float16(target, fused):
+    # The NPUs run HardSwish in float16; onnxruntime's CPU provider has a float32 kernel alone.
+    proto = as_float16(parse_model(MODEL.replace("FORM", FORMS["paddle"]),
+                                   header='<ir_version: 8, opset_import: ["" : 17]>\n',
+                                   **CONSTANTS))
+    out = graphopt.optimize(proto, target=target).to_onnx()
+    onnx.checker.check_model(out)
+    assert (sorted(n.op_type for n in out.graph.node) == ["HardSwish"]) == fused
+    x = np.random.default_rng(0).standard_normal((2, 4, 5, 5)).astype(np.float16) * 4
+    expected, actual = (numerics.run(m, {"x": x})["y"].astype(np.float32) for m in (proto, out))
+    # One rounding where the ops round at each of their three steps.
+    np.testing.assert_allclose(actual, expected, rtol=2.0 ** -9, atol=2.0 ** -14)

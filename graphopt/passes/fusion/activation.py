@@ -93,6 +93,7 @@ class _Fuse(Rule):
 
     fused: str
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def unsupported(self, root, target=None):
         act = root.producer

@@ -33,6 +33,7 @@ def _relu6_of_shifted(op, x):
 class _ToHardSwish(Rule):
     emits = (("", "HardSwish"), ("", "HardSigmoid"), ("", "Mul"))
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
 
     def rewrite(self, op, x, **_):
         if (op.model.opset("") or 0) >= 14:

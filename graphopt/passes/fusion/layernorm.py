@@ -347,6 +347,7 @@ class LayerNormBatchnorm(_LayerNorm):
 class _Skip(Rule):
     emits = ((MS, "SkipLayerNormalization"),)
     dtypes = (DType.FLOAT,)
+    device_dtypes = (DType.FLOAT16,)
     # A pre-LN block's residual sum also feeds the next block's residual Add: the fused op's
     # fourth output (input_skip_bias_sum) carries it there.
     exposes = ("residual",)
