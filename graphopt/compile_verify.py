@@ -325,7 +325,7 @@ def _beyond_rounding(original: ModelProto, feeds, expected: dict, actual: dict,
     failing = [name for name, reference in expected.items()
                if numerics.compare({name: reference}, {name: actual[name]}, judge["rtol"],
                                    judge["atol"])]
-    note = within_half_precision(original, expected, actual, failing) \
+    note = within_half_precision(original, expected, actual, failing, feeds) \
         or within_rounding(original, feeds, expected, actual, failing, judge)
     if note is None:
         return problems

@@ -501,6 +501,18 @@ def test_float16_attention_fuses_for_an_npu_that_runs_it_in_float16(form, mask):
     assert np.abs(actual.astype(np.float32) - expected.astype(np.float32)).max() <= 4 * step
 
 
+def test_a_float16_causal_fill_masks_with_minus_infinity_in_the_fused_bias():
+    # Where writes float16's lowest in place of a masked score; added to a score of +40000
+    # instead, -65504 had left a masked key above a visible one scoring -40000 (4.65 off).
+    fill = float(np.finfo(np.float16).min)
+    model, stats, _ = fuse(as_float16(attention("div", "causal", fill=fill)), target="ascend910b")
+    assert stats == {"ScaledDotProductAttention": 1}
+    (mha,) = [n for n in model.graph if n.op_type == "MultiHeadAttention"]
+    bias = mha.input(5).constant().reshape(S, S)
+    above = ~np.tril(np.ones((S, S), bool))
+    assert np.isneginf(bias[above]).all() and (bias[~above] == 0).all()
+
+
 def test_a_float16_where_fill_that_does_not_swallow_every_score_stays_unfused():
     # float16's lowest, filled in by Where, makes a row whose every key is masked an even
     # average of V; the fused kernel adds it to each score in float32 and would not.

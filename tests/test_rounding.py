@@ -456,3 +456,66 @@ def test_outputs_the_original_does_not_reproduce_get_no_allowance(monkeypatch):
                                     sensitivity=lambda: {"y": np.full_like(expected, 1e38)})
     assert "gives other values for 'y' on a second run" in rounding.unreproduced_hint(
         onnx.ModelProto(), {}, {"y": garbage}, ["y"])
+
+
+def _cancelling_half_model() -> onnx.ModelProto:
+    """y = float16(x + 100) − 100: the sum rounds to float16's step at 100 (1/16), so the
+    original is up to 0.031 off the float32 result x, ten steps of float16 at |y| ≤ 3."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    hundred = numpy_helper.from_array(np.array(100, np.float32), "c")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["s"]),
+         helper.make_node("Cast", ["s"], ["h"], to=TensorProto.FLOAT16),
+         helper.make_node("Cast", ["h"], ["w"], to=TensorProto.FLOAT),
+         helper.make_node("Sub", ["w", "c"], ["y"])],
+        "cancel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])], [hundred])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_float16_output_nearer_the_float32_result_than_the_original_passes():
+    # A compile whose kernels sum in float32 moves a float16 model's outputs by more than a
+    # step (a float16 GPT-2: 0.0093 on logits of 6.8, refused), nearer the float32 result.
+    from graphopt.rounding import within_half_precision
+
+    proto = _cancelling_half_model()
+    feeds = {"x": np.random.default_rng(0).standard_normal(64).astype(np.float32)}
+    y = numerics.run(proto, feeds)["y"]
+    nearer = feeds["x"]  # the float32 result, x itself
+    assert within_half_precision(proto, {"y": y}, {"y": nearer}, ["y"]) is None  # past a step
+    note = within_half_precision(proto, {"y": y}, {"y": nearer}, ["y"], feeds)
+    assert note and "judged against the same model computed in float32" in note
+    # Farther from it than the original, by more than a step: an error all the same.
+    farther = feeds["x"] * 1.05
+    assert within_half_precision(proto, {"y": y}, {"y": farther}, ["y"], feeds) is None
+    off = nearer.copy()
+    off[0] = np.nan
+    assert within_half_precision(proto, {"y": y}, {"y": off}, ["y"], feeds) is None
+
+
+def test_widening_makes_every_16_bit_float_float32():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from graphopt.widened import widened_to_float32
+
+    half = numpy_helper.from_array(np.array([1.5, 2.5], np.float16))
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=half),
+         helper.make_node("Add", ["x", "c"], ["s"]),
+         helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT16),
+         helper.make_node("Cast", ["x"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("ReduceSum", ["f"], ["z"], keepdims=0)],
+        "half", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    wide = widened_to_float32(proto)
+    onnx.checker.check_model(wide, full_check=True)
+    assert [i.type.tensor_type.elem_type for i in (*wide.graph.input, *wide.graph.output)] \
+        == [TensorProto.FLOAT] * 3
+    assert wide.graph.node[0].attribute[0].t.data_type == TensorProto.FLOAT
+    assert wide.graph.node[2].attribute[0].i == TensorProto.FLOAT
+    out = numerics.run(wide, {"x": np.array([0.1, 0.2], np.float32)})
+    np.testing.assert_allclose(out["y"], [1.6, 2.7], rtol=1e-7)
+    assert proto.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16  # a copy

@@ -532,7 +532,7 @@ def _allow_rounding(report: CompareReport, ref_side, feeds, ref_values: dict,
     if not set(names) <= set(ref_side.outputs):  # tensors inside it, of a cut candidate
         reference = _ending_at(reference, names)
     expected, actual = {n: ref_values[n] for n in names}, {n: cand_values[n] for n in names}
-    note = within_half_precision(reference, expected, actual, names) \
+    note = within_half_precision(reference, expected, actual, names, feeds) \
         or within_rounding(reference, feeds, expected, actual, names, judge)
     if note is None:
         return

@@ -262,9 +262,10 @@ def _on_cpu(target, *values: Value) -> bool:
 
 def _no_row_masked_whole(fill, keep: Value | None, drop: Value | None) -> bool:
     """Whether a float16 Where fills masked scores with float16's lowest (what exporters write
-    there) under a constant condition that keeps a key in every row (a causal mask): each
-    masked key's weight is then 0 whether the fill replaces its score or is added to it, and
-    no row is left to average V by the fill alone."""
+    there) under a constant condition that keeps a key in every row (a causal mask). The bias
+    then masks with -inf (_attention_bias): each masked key weighs 0, as the fill gives it
+    wherever a row's scores stay within float16's range of each other, and no row is left to
+    average V by the fill alone."""
     cond = keep if keep is not None else drop
     data = cond.constant() if cond is not None else None
     if fill.dtype != np.float16 or float(fill.reshape(-1)[0]) > np.finfo(np.float16).min \
@@ -601,7 +602,12 @@ def _attention_bias(op, dtype: DType, lengths: tuple, q: Value, v: Value, mask, 
     float_type, dtype = dtype, dtype.numpy
     if keep is not None or drop is not None:
         cond = keep if keep is not None else drop
-        zero, big = np.array(0, dtype), np.array(fill.reshape(-1)[0], dtype)
+        value = float(fill.reshape(-1)[0])
+        # A float16 fill that does not swallow the scores (float16's lowest under a causal
+        # condition, _no_row_masked_whole) is written as -inf: added to a score of +40000,
+        # -65504 had left a masked key above a visible one that scored -40000.
+        zero, big = np.array(0, dtype), np.array(value if value <= SWALLOWING_FILL
+                                                  else -np.inf, dtype)
         if cond.constant() is not None:
             chosen = np.where(cond.constant(), *((zero, big) if keep is not None else (big, zero)))
             mask = op.const(chosen.astype(dtype))
