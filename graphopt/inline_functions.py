@@ -23,6 +23,11 @@ def inline_user_functions(model: Model) -> tuple[Model, str | None]:
     importing another opset than the model); as it was and no note without any. Not inlined:
     graphopt's own groups, and a function named as an op onnxruntime has a kernel for, which it
     runs instead (a local com.microsoft::Gelu whose body is a Neg runs as Gelu)."""
+    # Exported only when a function may need inlining: the export reads every weight stored
+    # outside the model into memory (a 2.3 GiB table failed to serialize at the default -O2).
+    if not any(f.domain != GROUP_DOMAIN and not _has_kernel(f.domain, f.name)
+               for f in model.functions):
+        return model, None
     proto = to_onnx(model)
     used = _reachable(proto)
     own = {key for key in used if key[0] != GROUP_DOMAIN and not _has_kernel(*key)}
