@@ -272,8 +272,9 @@ def _within_onnxruntimes_own(own_outputs: Callable[[], dict], expected: dict, ac
     cause = ("values the original quantizes rounded to a neighbouring step"
              if set(failing) <= set(stepped) else "the same kernels' rounding")
     return (f"outputs differ from the original at ORT_DISABLE_ALL by up to {worst:.3g}, "
-            "beyond rtol/atol but within what onnxruntime's own optimizer gives the original "
-            f"({baseline:.3g} at ORT_ENABLE_ALL): {cause}")
+            "beyond rtol/atol but within twice what onnxruntime's own optimizer gives the "
+            f"original, slice by slice along axis 1 (up to {baseline:.3g} at ORT_ENABLE_ALL): "
+            f"{cause}")
 
 
 def _rounding_limit(value, stepped: bool = False) -> float:
