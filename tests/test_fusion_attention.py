@@ -469,11 +469,16 @@ def test_a_mask_whose_batch_the_inputs_name_apart_from_qs_is_refused():
 
 
 @pytest.mark.parametrize("target", [None, "cpu"])
-def test_float16_attention_stays_unfused_where_onnxruntimes_cpu_runs_it(target):
-    # Its CPU provider has a float32 MultiHeadAttention alone, which it would run between Casts.
-    _, stats, trace = fuse(as_float16(attention("div", "none")), trace=True, target=target)
-    assert stats == {}
-    assert any("MultiHeadAttention kernel for float16" in line for line in trace), trace
+def test_float16_attention_fuses_for_onnxruntimes_cpu_too(target):
+    # Its CPU provider runs its float32 MultiHeadAttention between the Casts it inserts.
+    proto = as_float16(attention("div", "none"))
+    model, stats, _ = fuse(proto, target=target)
+    assert stats == {"ScaledDotProductAttention": 1}
+    feeds = numerics.random_feeds(proto, seed=7)
+    (expected,), (actual,) = (numerics.run(m, feeds).values() for m in (proto, to_onnx(model)))
+    assert actual.dtype == np.float16
+    step = float(np.abs(expected).max()) * 2.0 ** -10
+    assert np.abs(actual.astype(np.float32) - expected.astype(np.float32)).max() <= 4 * step
 
 
 FLOAT16_FORMS = [("div", "none"), ("mul", "add"), ("fused", "add"), ("div", "causal"),

@@ -179,20 +179,12 @@ def test_intermediate_with_an_extra_consumer_is_not_fused(rule):
 
 
 @pytest.mark.parametrize("rule", list(FORMS))
-@pytest.mark.parametrize("target", [None, "cpu"])
-def test_float16_is_not_fused_where_onnxruntimes_cpu_runs_it(rule, target):
-    # Its CPU provider has float32 kernels alone for these ops: it would run them between Casts.
+@pytest.mark.parametrize("target", ["ascend310", "cpu", None])
+def test_float16_fuses_for_an_npu_and_for_onnxruntimes_cpu(rule, target):
+    # An NPU runs the fused op in float16; onnxruntime's CPU provider its float32 kernel
+    # between the Casts it inserts, fewer than around the ops it replaces.
     proto = to_float16(onnx.parser.parse_model(model_text(rule)))
-    model, stats, traces = fuse(proto, trace=(rule,), target=target)
-    assert stats == {} and not any(op.startswith("com.microsoft") for op in ops(model)
-                                   if op not in given_ops(rule))
-    assert any(f"{FORMS[rule]['fused']} kernel for float16" in line for line in traces), traces
-
-
-@pytest.mark.parametrize("rule", list(FORMS))
-def test_float16_fuses_for_an_npu_with_float16_kernels(rule):
-    proto = to_float16(onnx.parser.parse_model(model_text(rule)))
-    model, stats, _ = fuse(proto, target="ascend310")
+    model, stats, _ = fuse(proto, target=target)
     assert stats == {rule: 1}
     out = to_onnx(model)
     onnx.checker.check_model(out)

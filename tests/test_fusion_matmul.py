@@ -228,10 +228,6 @@ FUSED_MATMUL_NEGATIVES = {
         "perm=[0,1,3,2]>(k)", "perm=[0,2,1,3]>(k)").replace("float[2,4,8,16] k",
                                                             "float[2,16,4,8] k")),
         "TransposeIntoMatMulB", "does not swap the last two axes only"),
-    # float16 without a target: onnxruntime's CPU provider has a float32 FusedMatMul alone.
-    "float16": (lambda: build(ATTENTION.format(tail="y = Identity(s)").replace("float[",
-                                                                               "float16[")),
-                "TransposeIntoMatMulB", "FusedMatMul kernel for float16"),
     # The transposed key is a graph output too.
     "kt kept": (lambda: build(ATTENTION.format(tail="y = Identity(s)").replace(
         "=> (float[2,4,8,8] y)", "=> (float[2,4,8,8] y, float[2,4,16,8] kt)")),
@@ -405,19 +401,17 @@ SCALED_OPERAND_NEGATIVES = {
         SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n y = MatMul(qs, ks)"),
         s=np.array(1e-30, np.float32), d=SCALES["d"]),
         "the composed alpha 1e-60 is below float32's normal range"),
-    "float16": (lambda: build(SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n"
-                                          " y = MatMul(qs, ks)").replace("float", "float16"),
-                              s=np.array(0.5, np.float16), d=np.array([8.0], np.float16)),
-                "FusedMatMul kernel for float16"),
 }
 
 
-def test_float16_scores_scaled_on_both_sides_fuse_for_an_npu():
-    # The NPUs run FusedMatMul in float16; one rounding where the ops round three times.
+@pytest.mark.parametrize("target", ["ascend310", "cpu", None])
+def test_float16_scores_scaled_on_both_sides_fuse(target):
+    # The NPUs run FusedMatMul in float16, onnxruntime's CPU provider its float32 one between
+    # Casts; one rounding where the ops round three times.
     proto = build(SDPA.format(body="qs = Mul(q, s)\n ks = Mul(kt, s)\n y = MatMul(qs, ks)")
                   .replace("float", "float16"), s=np.array(0.5, np.float16),
                   d=np.array([8.0], np.float16))
-    model, stats = fuse(proto, target="ascend310")
+    model, stats = fuse(proto, target=target)
     assert stats == {"ScaledOperandsMatMul": 1} and ops(model) == ["com.microsoft::FusedMatMul"]
     rewritten = to_onnx(model)
     onnx.checker.check_model(rewritten)
