@@ -37,6 +37,25 @@ def test_nibble_packing_round_trips_exactly(rows, pairs, seed):
     assert packed[0, 0] == values[0, 0] | (values[0, 1] << 4)  # element 0 in the low nibble
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("k, block", [(64, 32), (40, 16)])  # 40: K padded, 3 zero-point nibbles
+def test_columns_quantized_in_pieces_join_into_the_whole(monkeypatch, symmetric, k, block):
+    # A large weight is quantized a few columns at a time (a 2.3 GB table had peaked at 19 GB
+    # quantized whole); each block lies in its column, so the pieces are the whole's bytes.
+    from graphopt.passes.precision import blockwise
+
+    w = np.random.default_rng(3).standard_normal((k, 11)).astype(np.float32)
+    whole = quantize(w, block, symmetric)
+    monkeypatch.setattr(blockwise, "_COLUMN_CHUNK_ELEMENTS", 4 * k)  # pieces of 4 columns
+    pieces = quantize(w, block, symmetric)
+    assert np.array_equal(pieces.packed, whole.packed)
+    assert np.array_equal(pieces.scales, whole.scales)
+    assert (pieces.zero_points is None) == symmetric
+    if not symmetric:
+        assert np.array_equal(pieces.zero_points, whole.zero_points)
+    np.testing.assert_array_equal(dequantize(pieces), dequantize(whole))
+
+
 def _minmax_squared_error(w: np.ndarray, block: int) -> np.ndarray:
     """Per [column, block], the squared error of plain min-max asymmetric rounding."""
     k, n = w.shape

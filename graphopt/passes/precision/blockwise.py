@@ -52,9 +52,28 @@ def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
     return out
 
 
+# Columns are quantized this many weights at a time: each block is quantized by itself, and a
+# column's float64 copy and its temporaries take about 36 bytes a weight, which for a whole
+# 2.3 GB embedding table had peaked at 19 GB.
+_COLUMN_CHUNK_ELEMENTS = 1 << 22
+
+
 def quantize(weight: np.ndarray, block: int, symmetric: bool = False,
              scale_dtype=np.float32) -> BlockQuant:
     """Quantize W [K, N] block-wise along K (see the module docstring)."""
+    k, n = weight.shape
+    columns = max(1, _COLUMN_CHUNK_ELEMENTS // max(1, k))
+    if n > columns:  # every block lies within its column: the pieces join along N
+        pieces = [_quantize_columns(weight[:, start:start + columns], block, symmetric,
+                                    scale_dtype) for start in range(0, n, columns)]
+        zeros = None if symmetric else np.concatenate([p.zero_points for p in pieces])
+        return BlockQuant(np.concatenate([p.packed for p in pieces]),
+                          np.concatenate([p.scales for p in pieces]), zeros, k, block)
+    return _quantize_columns(weight, block, symmetric, scale_dtype)
+
+
+def _quantize_columns(weight: np.ndarray, block: int, symmetric: bool,
+                      scale_dtype) -> BlockQuant:
     k, n = weight.shape
     n_blocks = -(-k // block)
     w = np.zeros((n_blocks * block, n), dtype=np.float64)
