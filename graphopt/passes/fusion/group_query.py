@@ -11,9 +11,9 @@ repeat each for its group before attending (transformers' `repeat_kv`):
 Head n of the N = G·R heads reads K/V head n // R, as GroupQueryAttention's query head n reads
 its KV head n // (N / G). With the constant causal bias that a pinned export's mask folds to
 (0 on and below the diagonal, a fill that swallows any score above: float32's lowest or -inf;
-in float16 its lowest, −65504, which exporters write there and whose sum with a score rounds to
-it or to -inf, never near a score: a causal row keeps its diagonal, so every masked key's
-weight is 0 either way)
+in float16 its lowest, −65504, which exporters write there: a causal row keeps its diagonal,
+so each masked key weighs 0, as GroupQueryAttention masks it, wherever a row's scores lie
+within float16's range of each other)
 the result is GroupQueryAttention's, which is causal by itself, over q and the unrepeated k and
 v merged back to [B,S,G·H] (the projections themselves where nothing came between them and the
 split: a rotary embedding on the split heads stays), with every sequence full (seqlens_k =
