@@ -153,13 +153,14 @@ def _kernel_gap(domain: str, op_type: str, model: Model) -> str | None:
 
 def check_kernel_dtypes(model: Model, label: str, skip_bfloat16: bool = False) -> None:
     """Raise InputError on the first node onnxruntime's CPU provider has a kernel for, but not
-    for the dtypes the node reads and writes (a Cast to float4e2m1, an int4 Identity):
+    for the dtypes the node reads and writes (a Cast to float4e2m1, an int4 Identity), and on
+    the first whose dtypes its schema refuses (a type parameter bound to two dtypes):
     onnxruntime refuses such a model at load, and every .om partition holding it with it.
     Ops without a kernel at all, and ops onnxruntime may expand from a function body instead,
     are left to check_ops; values of unknown dtype are taken to fit. `skip_bfloat16` leaves
     the nodes that read or write bfloat16 to an NPU target's placement."""
     from graphopt.codegen.om_manifest import dtype_name
-    from graphopt.partition.target_ort import ort_since_version
+    from graphopt.partition.target_ort import ort_since_version, schema_type_problem
 
     def names(values) -> tuple[str | None, ...]:
         return tuple(None if v is None or v.dtype is None else dtype_name(int(v.dtype))
@@ -176,10 +177,13 @@ def check_kernel_dtypes(model: Model, label: str, skip_bfloat16: bool = False) -
         binds = verdicts.get(key, "")
         if binds == "":  # a new kind of node
             version = model.opset(node.domain)
-            fixed = _fixed_output_problem(node, version)
+            fixed = _fixed_output_problem(node, version) or (
+                version is not None and schema_type_problem(
+                    node.op_type, node.domain, version, list(names(node.inputs)),
+                    list(names(node.outputs))))
             if fixed:
                 raise InputError(f"{_where(label, node)}: {fixed}; onnxruntime refuses the "
-                                 "model")
+                                 f"model{_mixed_layer_norm_hint(node)}")
             binds = verdicts[key] = None if version is None or expandable(
                 node.op_type, node.domain, version) else _binds(
                 node.op_type, node.domain, version, names(node.inputs), names(node.outputs))
@@ -193,6 +197,17 @@ def check_kernel_dtypes(model: Model, label: str, skip_bfloat16: bool = False) -
             raise InputError(f"{_where(label, node)}: onnxruntime's CPU provider has no "
                              f"{node.op_type}-{since} kernel for these dtypes ({typed}), "
                              "so no session can load it")
+
+
+def _mixed_layer_norm_hint(node: Node) -> str:
+    """Advice for the LayerNormalization of float16 and float32 values that PyTorch's
+    TorchScript exporter writes for a model in float16 (`model.half()`)."""
+    dtypes = {v.dtype for v in (*node.inputs, *node.outputs) if v is not None}
+    if node.op_type != "LayerNormalization" or not {DType.FLOAT16, DType.FLOAT} <= dtypes:
+        return ""
+    return (" (PyTorch's TorchScript exporter writes this for a float16 model: export it in "
+            f"float32 and compile with {setting('precision', 'fp16')}, or export with "
+            "torch.onnx.export(..., dynamo=True))")
 
 
 def _fixed_output_problem(node: Node, version: int | None) -> str | None:

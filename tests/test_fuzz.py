@@ -584,6 +584,19 @@ def cast_to_float4() -> onnx.ModelProto:
                        header='<ir_version: 11, opset_import: ["" : 23]>\n')
 
 
+def layer_norm_of_two_types() -> onnx.ModelProto:
+    """A float16 LayerNormalization with float32 Scale, as TorchScript exports it after
+    .half(): its function body would run, but onnxruntime's schema check refuses the node."""
+    return parse_model("g (float16[2,4] x, float[4] s) => (float16[2,4] y) { "
+                       "y = LayerNormalization (x, s) }", s=np.ones(4, np.float32))
+
+
+def concat_of_two_types() -> onnx.ModelProto:
+    """A Concat of float32 and float64: onnxruntime has kernels for either, not for both."""
+    return parse_model("g (float[4] a, double[4] b) => (float[8] y) { y = Concat <axis = 0> "
+                       "(a, b) }")
+
+
 def future_opset() -> onnx.ModelProto:
     """An opset newer than onnx (and so onnxruntime) knows: no schema to check its nodes."""
     model = copy.deepcopy(SEED)
@@ -722,6 +735,14 @@ def attribute_twice() -> onnx.ModelProto:
     ("cast_to_float4",
      r"node writing '\w+' \(Cast\): onnxruntime's CPU provider has no Cast-23 kernel for these dtypes "
      r"\(x float32, y float4e2m1\), so no session can load it"),
+    ("layer_norm_of_two_types",
+     r"node writing 'y' \(LayerNormalization\): its type parameter T is bound to float16 by its "
+     r"input X and to float32 by its input Scale; onnxruntime refuses the model \(PyTorch's "
+     r"TorchScript exporter writes this for a float16 model: export it in float32 and compile "
+     r"with --precision fp16"),
+    ("concat_of_two_types",
+     r"\(Concat\): its type parameter T is bound to float32 by its input #0 \(inputs\) and "
+     r"to float64 by its input #1 \(inputs\)"),
     ("training_gradient",
      r"\(ai.onnx.preview.training::Gradient\): onnxruntime \S+ has no CPU kernel for "
      r"ai.onnx.preview.training::Gradient \(no function body to expand either\)"),

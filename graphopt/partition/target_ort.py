@@ -211,6 +211,44 @@ def _schemas() -> dict[str, tuple]:
     return {key: tuple(sorted(s, key=lambda x: x.since_version)) for key, s in table.items()}
 
 
+def schema_type_problem(op: str, domain: str, opset: int, inputs: list[str | None],
+                        outputs: list[str | None]) -> str | None:
+    """Why onnxruntime's schema check refuses a node with these dtypes (names as in DTYPES;
+    None for an absent or untyped value) before it looks for any kernel, or None: a type
+    parameter bound to two dtypes (a float16 LayerNormalization with float32 Scale, which
+    the op's function body would not rescue), or a dtype the parameter does not take at the
+    version the opset resolves the op to. None too when the op has no schema here."""
+    schema = runtime_schema(op, domain, opset)
+    if schema is None:
+        return None
+    allowed = {c.type_param_str: {_dtype(t) for t in c.allowed_type_strs}
+               for c in schema.type_constraints}
+    bound: dict[str, tuple[str, str]] = {}  # type parameter -> (dtype, the value that bound it)
+    for side, formals, dtypes in (("input", schema.inputs, inputs),
+                                  ("output", schema.outputs, outputs)):
+        for index, dtype in enumerate(dtypes):
+            if not formals or dtype is None:
+                continue
+            # A variadic last formal parameter takes every value from its position on.
+            formal = formals[min(index, len(formals) - 1)]
+            if index >= len(formals) and "Variadic" not in str(formal.option):
+                continue
+            param = formal.typeStr
+            if param not in allowed:  # a fixed type ('tensor(int64)'): left to other checks
+                continue
+            variadic = "Variadic" in str(formal.option)
+            where = f"{side} #{index} ({formal.name})" if variadic else f"{side} {formal.name}"
+            if dtype not in allowed[param]:
+                takes = ", ".join(sorted(filter(None, allowed[param])))
+                return (f"its {where} is {dtype}, which {op}-{schema.since_version}'s type "
+                        f"parameter {param} does not take ({takes})")
+            first = bound.setdefault(param, (dtype, where))
+            if first[0] != dtype and formal.isHomogeneous:
+                return (f"its type parameter {param} is bound to {first[0]} by its {first[1]} "
+                        f"and to {dtype} by its {where}")
+    return None
+
+
 def cpu_kernel_binds(op: str, domain: str, opset: int, inputs: list[str | None],
                      outputs: list[str | None]) -> bool | None:
     """Whether onnxruntime's CPU provider has a kernel for the op at the model's `opset` whose
