@@ -179,8 +179,7 @@ def check_kernel_dtypes(model: Model, label: str, skip_bfloat16: bool = False) -
             version = model.opset(node.domain)
             fixed = _fixed_output_problem(node, version) or (
                 version is not None and schema_type_problem(
-                    node.op_type, node.domain, version, list(names(node.inputs)),
-                    list(names(node.outputs))))
+                    node.op_type, node.domain, version, list(names(node.inputs))))
             if fixed:
                 raise InputError(f"{_where(label, node)}: {fixed}; onnxruntime refuses the "
                                  f"model{_mixed_layer_norm_hint(node)}")

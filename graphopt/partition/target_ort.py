@@ -211,41 +211,40 @@ def _schemas() -> dict[str, tuple]:
     return {key: tuple(sorted(s, key=lambda x: x.since_version)) for key, s in table.items()}
 
 
-def schema_type_problem(op: str, domain: str, opset: int, inputs: list[str | None],
-                        outputs: list[str | None]) -> str | None:
-    """Why onnxruntime's schema check refuses a node with these dtypes (names as in DTYPES;
-    None for an absent or untyped value) before it looks for any kernel, or None: a type
-    parameter bound to two dtypes (a float16 LayerNormalization with float32 Scale, which
-    the op's function body would not rescue), or a dtype the parameter does not take at the
-    version the opset resolves the op to. None too when the op has no schema here."""
+def schema_type_problem(op: str, domain: str, opset: int,
+                        inputs: list[str | None]) -> str | None:
+    """Why onnxruntime's schema check refuses a node with these input dtypes (names as in
+    DTYPES; None for an absent or untyped input) before it looks for any kernel, or None: a
+    type parameter two inputs bind to two dtypes (a float16 LayerNormalization with float32
+    Scale, which the op's function body would not rescue), or an input dtype the parameter
+    does not take at the version the opset resolves the op to. Outputs are left to type
+    inference, as onnxruntime leaves them (it loads a Cast-13 to float8, which that version's
+    schema does not list). None too when the op has no schema here."""
     schema = runtime_schema(op, domain, opset)
-    if schema is None:
+    if schema is None or not schema.inputs:
         return None
     allowed = {c.type_param_str: {_dtype(t) for t in c.allowed_type_strs}
                for c in schema.type_constraints}
-    bound: dict[str, tuple[str, str]] = {}  # type parameter -> (dtype, the value that bound it)
-    for side, formals, dtypes in (("input", schema.inputs, inputs),
-                                  ("output", schema.outputs, outputs)):
-        for index, dtype in enumerate(dtypes):
-            if not formals or dtype is None:
-                continue
-            # A variadic last formal parameter takes every value from its position on.
-            formal = formals[min(index, len(formals) - 1)]
-            if index >= len(formals) and "Variadic" not in str(formal.option):
-                continue
-            param = formal.typeStr
-            if param not in allowed:  # a fixed type ('tensor(int64)'): left to other checks
-                continue
-            variadic = "Variadic" in str(formal.option)
-            where = f"{side} #{index} ({formal.name})" if variadic else f"{side} {formal.name}"
-            if dtype not in allowed[param]:
-                takes = ", ".join(sorted(filter(None, allowed[param])))
-                return (f"its {where} is {dtype}, which {op}-{schema.since_version}'s type "
-                        f"parameter {param} does not take ({takes})")
-            first = bound.setdefault(param, (dtype, where))
-            if first[0] != dtype and formal.isHomogeneous:
-                return (f"its type parameter {param} is bound to {first[0]} by its {first[1]} "
-                        f"and to {dtype} by its {where}")
+    formals = schema.inputs
+    bound: dict[str, tuple[str, str]] = {}  # type parameter -> (dtype, the input binding it)
+    for index, dtype in enumerate(inputs):
+        # A variadic last formal parameter takes every input from its position on.
+        formal = formals[min(index, len(formals) - 1)]
+        variadic = "Variadic" in str(formal.option)
+        if dtype is None or index >= len(formals) and not variadic:
+            continue
+        param = formal.typeStr
+        if param not in allowed:  # a fixed type ('tensor(int64)'): left to other checks
+            continue
+        where = f"input #{index} ({formal.name})" if variadic else f"input {formal.name}"
+        if dtype not in allowed[param]:
+            takes = ", ".join(sorted(filter(None, allowed[param])))
+            return (f"its {where} is {dtype}, which {op}-{schema.since_version}'s type "
+                    f"parameter {param} does not take ({takes})")
+        first = bound.setdefault(param, (dtype, where))
+        if first[0] != dtype and formal.isHomogeneous:
+            return (f"its type parameter {param} is bound to {first[0]} by its {first[1]} "
+                    f"and to {dtype} by its {where}")
     return None
 
 
