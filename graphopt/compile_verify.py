@@ -364,7 +364,9 @@ def exact_stft_reference(model) -> ModelProto | None:
     from graphopt.passes.fusion.stft import LowerSTFT
     from graphopt.passes.infer_shapes import infer_shapes
 
-    proto = model if isinstance(model, ModelProto) else onnx.load(os.fspath(model))
+    from graphopt.lent_weights import with_data
+
+    proto = with_data(model) if isinstance(model, ModelProto) else onnx.load(os.fspath(model))
     exact = load_onnx(proto)
     infer_shapes(exact)
     if not LowerSTFT().run(exact, PassContext(Options())).changed:

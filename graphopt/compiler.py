@@ -24,7 +24,8 @@ from graphopt.errors import InputError, OptionError, UsageError, VerificationErr
 from graphopt.input_shapes import (fixed_dims_note, input_shapes_argument, pin_input_shapes,
                                    validate_input_shapes)
 from graphopt.io_types import parse_fp16_inputs, parse_output_type
-from graphopt.ir import Model, load_onnx, to_onnx
+from graphopt.ir import Model, load_onnx
+from graphopt.lent_weights import lean_onnx, lending
 from graphopt.option_names import option, setting
 from graphopt.out_nodes import parse_out_nodes
 from graphopt.passes import PIPELINES, Options, PassContext, PassLog, PassManager, for_target
@@ -251,7 +252,8 @@ def optimize(model: str | os.PathLike | ModelProto | bytes, *, level: int = 2,
         result.traces = ctx.tracer.report(why_none=why, fired=rule_fire_counts(log))
     if source.reference is not None:
         try:
-            _verify(result, source.reference, inputs, options, rtol, atol)
+            with lending(source.lent):
+                _verify(result, source.reference, inputs, options, rtol, atol)
         except InputError as exc:
             raise InputError(f"{exc}{_half_inputs_hint(str(exc), edits.fp16_inputs)}") from None
     if target is not None:
@@ -388,6 +390,8 @@ class _Source:
     given: bytes | None
     loaded_unpinned: bool
     domains: frozenset = frozenset()  # the opset imports of the model as given
+    # The weights `reference` and the compiled model lend --verify's sessions (lent_weights).
+    lent: dict = dataclasses.field(default_factory=dict)
 
 
 def _import(model, options: Options, edits: _SourceEdits, verify: bool,
@@ -426,13 +430,15 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
     # The reference for verification (ended at out_nodes), before any pin or pass, and before
     # the inlining of the model's functions, which it then checks too; exported only when
     # needed since it copies every weight.
-    reference = None
+    reference, lent = None, {}
     if verify and inlined and loaded is not ir_model:
         apply_source_edits(loaded, edits.out_nodes, edits.aipp, label, edits.insert_op_conf,
                            options.input_shapes, edits.fp16_inputs, edits.output_types)
-        reference = to_onnx(loaded)
+        with lending(lent):
+            reference = lean_onnx(loaded)
     elif verify:
-        reference = to_onnx(ir_model)
+        with lending(lent):
+            reference = lean_onnx(ir_model)
     notes += overridable_note(ir_model)
     # The model as given, weightless, for onnxruntime to judge: before any pin, a model it
     # loads must load pinned (check_compiled_loads); unpinned, only when its compile does not
@@ -454,7 +460,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
         infer_shapes(ir_model)
         check_pinned_shapes(ir_model, label, options.input_shapes)
     return _Source(ir_model, label, is_path, sha256, identity, notes, reference, ops_before,
-                   given, loaded_unpinned, frozenset(ir_model.opset_imports))
+                   given, loaded_unpinned, frozenset(ir_model.opset_imports), lent)
 
 
 def _inlined(model: Model, options: Options) -> tuple[Model, str | None]:
@@ -594,8 +600,8 @@ def _verify(result: OptimizeResult, reference: ModelProto, inputs, options: Opti
             choose=f"{option('rtol')}/{option('atol')} judge by allclose")
         rounding: list[str] = []
         # Tolerances given apply as given, as in compare and bisect.
-        result.max_abs_error = verify_outputs(reference, to_onnx(result.model), inputs, options,
-                                              judge, rounding,
+        result.max_abs_error = verify_outputs(reference, lean_onnx(result.model), inputs,
+                                              options, judge, rounding,
                                               allow_rounding=rtol is None and atol is None,
                                               empty=result.empty_outputs)
         result.verify_note = "; ".join(filter(None, [result.verify_note, *rounding]))
@@ -631,8 +637,8 @@ def _verified_against_exact_stfts(result: OptimizeResult, reference: ModelProto,
         return False
     judge, note = accuracy_rule(result.log.to_json()["passes"], rtol, atol)
     try:
-        result.max_abs_error = verify_outputs(exact, to_onnx(result.model), inputs, options,
-                                              judge)
+        result.max_abs_error = verify_outputs(exact, lean_onnx(result.model), inputs,
+                                              options, judge)
     except VerificationError:
         return False
     result.verify_note = "; ".join(filter(None, [note, EXACT_STFT_NOTE]))

@@ -26,6 +26,7 @@ from graphopt.dims import read_dim
 from graphopt.random_seeds import seeded_copy
 from graphopt.errors import GraphoptError, InputError
 from graphopt.interrupts import interrupts_deferred
+from graphopt.lent_weights import session_initializers
 from graphopt.option_names import from_command_line, option
 from graphopt.ort_messages import without_source_location
 from graphopt.tools import metrics
@@ -61,8 +62,12 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     # As an .om partition's session (partition_sessions.QDQ_MATMULNBITS_ACCURACY) has it
     for key, value in {QDQ_MATMULNBITS_ACCURACY: "0", **(config or {})}.items():
         options.add_session_config_entry(key, value)
+    lent: list = []
     if isinstance(model, ModelProto):  # its samplers draw the same noise as its compile's
         model = seeded_copy(model) or model
+        names, lent = session_initializers(model)  # weights lent_weights.lean_onnx kept out
+        if names:
+            options.add_external_initializers(names, lent)
     data = serialized(model) if isinstance(model, ModelProto) else model
     if data is None:
         # Past protobuf's 2 GiB one message cannot be serialized: onnxruntime reads the model
@@ -78,8 +83,10 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
             return ort.InferenceSession(path, options,
                                         providers=providers or ["CPUExecutionProvider"],
                                         disabled_optimizers=disabled_optimizers or None)
-    return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"],
+    made = ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"],
                                 disabled_optimizers=disabled_optimizers or None)
+    del lent  # onnxruntime copied them into the session
+    return made
 
 
 # Advice onnxruntime ends some errors with, after the line that says what is wrong.

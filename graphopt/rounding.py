@@ -403,6 +403,8 @@ def _nudged(model: ModelProto, seed: int) -> ModelProto:
     -inf at random."""
     from onnx import numpy_helper
 
+    from graphopt.lent_weights import tensor_array
+
     sizes = {name for node in model.graph.node if node.op_type in _SIZE_READERS
              for name in node.input}
     copy = ModelProto()
@@ -414,7 +416,7 @@ def _nudged(model: ModelProto, seed: int) -> ModelProto:
     for name, tensor in [(t.name, t) for t in copy.graph.initializer] + constants:
         if name in sizes or tensor.data_type not in _FLOAT_TYPES:
             continue
-        weight = numpy_helper.to_array(tensor)
+        weight = tensor_array(tensor)  # a weight --verify lends onnxruntime too
         away = np.where(rng.random(weight.shape) < 0.5, -np.inf, np.inf).astype(weight.dtype)
         with np.errstate(over="ignore"):
             nudged = np.nextafter(weight, away)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, TypeProto, numpy_helper
 
+from graphopt.lent_weights import is_lent, tensor_array
+
 HALF = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 _TYPE_ATTRIBUTES = frozenset({"to", "dtype"})  # Cast's, and the generators' output type
 
@@ -71,10 +73,9 @@ def _widen_node(node) -> None:
 
 
 def _widened_tensor(tensor: TensorProto) -> TensorProto:
-    if tensor.data_location == TensorProto.EXTERNAL:
+    if tensor.data_location == TensorProto.EXTERNAL and not is_lent(tensor):
         raise NotWidened(f"{tensor.name} is stored outside the model")
-    widened = numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32),
-                                      tensor.name)
+    widened = numpy_helper.from_array(tensor_array(tensor).astype(np.float32), tensor.name)
     widened.doc_string = tensor.doc_string
     return widened
 

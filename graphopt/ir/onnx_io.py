@@ -160,6 +160,18 @@ def load_onnx(source: str | os.PathLike | ModelProto | bytes, *, user_model: boo
         return _Importer(label, external_ok=not in_memory, base_dir=base_dir).model(proto)
 
 
+def checked_external(proto: TensorProto, model_path: str, where: str) -> Tensor:
+    """The tensor `proto` of the model file `model_path` keeps in an external file, mapped when
+    read, once its location passes the checks graphopt's import makes (InputError naming
+    `where` otherwise): relative, inside the model's folder, within the file's size."""
+    importer = _Importer(model_path, base_dir=os.path.dirname(os.path.abspath(model_path)))
+    importer._check_external(proto, where)
+    try:
+        return Tensor.from_external(proto, importer.base_dir, load=importer.load)
+    except ValueError as e:
+        raise importer.error(f"{where}: {e}") from None
+
+
 def check_no_external_references(proto: ModelProto) -> None:
     """InputError when a caller's in-memory model keeps data in an external file: the proto
     names no folder to find it in (load_onnx refuses it the same way)."""
@@ -545,6 +557,11 @@ class _Importer:
         for d in proto.dims:
             count *= d
         if proto.data_location == TensorProto.EXTERNAL:
+            from graphopt.lent_weights import lent_tensor
+
+            lent = lent_tensor(proto)  # a weight a lean model lends: the tensor itself
+            if lent is not None:
+                return lent
             self._check_external(proto, where)
             if self.base_dir is None:
                 return Tensor.from_proto(proto)

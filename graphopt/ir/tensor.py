@@ -160,6 +160,17 @@ class Tensor:
                            else _proto_array(self._proto))
         return self._array
 
+    def uncached_numpy(self) -> np.ndarray:
+        """The data as numpy without keeping a converted copy: the array held or mapped, else
+        one read from the proto's raw bytes for a caller done with it soon (onnxruntime copying
+        a weight into its session). `numpy()` would cache a second copy of every weight."""
+        raw = None if self.is_external else self._raw_bytes()
+        dtype = self.dtype.numpy if raw is not None and self.streamable else None
+        if dtype is None or dtype.itemsize * 8 != self.dtype.bits:
+            return self.numpy()
+        dtype = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+        return np.frombuffer(raw, dtype=dtype, count=self.size).reshape(self.shape)
+
     def _read_external(self) -> np.ndarray:
         _, offset, length, _ = self._external
         dtype = self.dtype.numpy if self.streamable else None

@@ -41,6 +41,7 @@ from graphopt import api_args
 from graphopt.codegen.feeds import output_label, proto_type, type_label
 from graphopt.errors import GraphoptError, OptionError, naming
 from graphopt.ir.dtypes import DType
+from graphopt.lent_weights import lending
 from graphopt.numerics import Mismatch, paired, random_inputs_hint, widened
 from graphopt.option_names import COMPARE_FLAGS, option, setting
 from graphopt.random_seeds import seeding_note
@@ -324,6 +325,7 @@ def _checked_tolerances(rtol, atol) -> tuple[float, float]:
     return checked[0], checked[1]
 
 
+@lending()  # a reference read from its file lends its weights (compare_run._read_onnx)
 def compare_models(reference, candidate, feeds=None, *, per_tensor: bool = False,
                    rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
                    min_cosine: float | None = None, seed: int = 0,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import load_external_data_for_model
+from onnx.external_data_helper import load_external_data_for_tensor
 
 from graphopt import api_args, numerics
 from graphopt.codegen.feeds import (check_feeds, describe, load_npz, overridable_inputs,
@@ -20,6 +20,7 @@ from graphopt.codegen.om_read import is_om
 from graphopt.errors import GraphoptError, InputError
 from graphopt.input_files import utf8_named
 from graphopt.input_shapes import check_pins, input_shapes_argument
+from graphopt.lent_weights import external_tensors, lend_external
 from graphopt.nchwc_block import block_mismatch
 from graphopt.option_names import COMPARE_FLAGS, option
 from graphopt.random_seeds import draws_unseeded, seeded_runs
@@ -209,9 +210,18 @@ def _computed(graph: onnx.GraphProto, partition: str = "") -> list[Tensor]:
 
 
 def _read_onnx(path: str, om_too: bool) -> onnx.ModelProto:
+    """The model at `path` with its external data: loaded, but within a `lending` block
+    (compare_models') the main graph's weights stay mapped in their files, lent to the
+    sessions and imports that read them (lent_weights)."""
     model = read_onnx(path, om_too)
+    base_dir = os.path.dirname(os.path.abspath(path))
     try:
-        load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
+        lend_external(model, path)
+        for tensor in list(external_tensors(model)):
+            load_external_data_for_tensor(tensor, base_dir)
+    except InputError as exc:
+        raise InputError(f"{path}: cannot load the model's external data "
+                         f"({str(exc).removeprefix(f'{path}: ')})") from None
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise InputError(f"{path}: cannot load the model's external data ({exc})") from None
     return model

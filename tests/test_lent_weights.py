@@ -1,0 +1,135 @@
+"""Lean models: onnxruntime sessions, imports and --verify take the weights graphopt holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphopt
+from graphopt import numerics
+from graphopt.ir import load_onnx, to_onnx
+from graphopt.lent_weights import is_lent, lean_onnx, lending
+from graphopt.rounding import weight_rounding
+from graphopt.tools import compare_run
+from graphopt.tools.compare import compare_models
+from graphopt.widened import widened_to_float32
+from tests.helpers import IR_VERSION, parse_model
+
+RNG = np.random.default_rng(5)
+
+
+def branchy_model() -> onnx.ModelProto:
+    """A MatMul weight and a bfloat16 table in the main graph, and an If whose branches hold
+    a weight and a Constant of their own: the main graph's are lent, the branches' are not
+    (onnxruntime replaces only the main graph's initializers)."""
+    def branch(name: str, scale: float) -> onnx.GraphProto:
+        weight = numpy_helper.from_array((scale * RNG.standard_normal((32, 32))).astype(
+            np.float32), f"{name}_w")
+        constant = helper.make_node("Constant", [], [f"{name}_c"], value=numpy_helper.from_array(
+            RNG.standard_normal((1, 32)).astype(np.float32)))
+        return helper.make_graph(
+            [constant, helper.make_node("MatMul", ["h", f"{name}_w"], [f"{name}_m"]),
+             helper.make_node("Add", [f"{name}_m", f"{name}_c"], [f"{name}_y"])], name, [],
+            [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [4, 32])], [weight])
+
+    w = numpy_helper.from_array(RNG.standard_normal((32, 32)).astype(np.float32), "w")
+    bits = (RNG.standard_normal(1024).astype(np.float32).view(np.uint32) >> 16).astype("<u2")
+    table = helper.make_tensor("table", TensorProto.BFLOAT16, [32, 32], bits.tobytes(),
+                               raw=True)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h0"]),
+         helper.make_node("Cast", ["table"], ["t"], to=TensorProto.FLOAT),
+         helper.make_node("MatMul", ["h0", "t"], ["h"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=branch("then", 1.0),
+                          else_branch=branch("else", 2.0))], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32]),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])], [w, table])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+FEEDS = {"x": RNG.standard_normal((4, 32)).astype(np.float32), "c": np.array(True)}
+
+
+def test_a_lean_model_runs_as_its_full_export_and_imports_its_own_tensors():
+    model = load_onnx(branchy_model())
+    full = to_onnx(model)
+    with lending() as lent:
+        lean = lean_onnx(model)
+        assert [t.name for t in lean.graph.initializer if is_lent(t)] == ["w", "table"]
+        assert len(lent) == 2 and not lean.graph.initializer[0].raw_data
+        branches = [a.g for a in lean.graph.node[3].attribute]
+        assert not any(is_lent(t) for g in branches for t in g.initializer)
+        assert all(a.t.raw_data or a.t.float_data for g in branches for n in g.node
+                   for a in n.attribute if n.op_type == "Constant")
+        for c in (True, False):
+            feeds = {**FEEDS, "c": np.array(c)}
+            np.testing.assert_array_equal(numerics.run(lean, feeds)["y"],
+                                          numerics.run(full, feeds)["y"])
+        again = load_onnx(lean)  # no copy: the import takes the tensors lent
+        assert again.graph.initializers["w"].const is model.graph.initializers["w"].const
+    with pytest.raises(RuntimeError, match=r"initializer 'w' names lent weights .* that no "
+                                           r"lending block in force holds"):
+        numerics.run(lean, FEEDS)
+
+
+def test_outside_a_lending_block_a_lean_model_is_the_full_export():
+    model = load_onnx(branchy_model())
+    assert lean_onnx(model) == to_onnx(model)
+
+
+def test_nudging_and_widening_read_lent_weights():
+    proto = parse_model("g (float16[2,64] x) => (float16[2,64] y) { y = MatMul (x, w) }",
+                        w=RNG.standard_normal((64, 64)).astype(np.float16))
+    feeds = {"x": RNG.standard_normal((2, 64)).astype(np.float16)}
+    model = load_onnx(proto)
+    with lending():
+        lean = lean_onnx(model)
+        assert is_lent(lean.graph.initializer[0])
+        moved = weight_rounding(lean, feeds)["y"]
+        widened = numerics.run(widened_to_float32(lean), {"x": feeds["x"].astype(np.float32)})
+    np.testing.assert_array_equal(moved, weight_rounding(proto, feeds)["y"])
+    np.testing.assert_array_equal(widened["y"], numerics.run(
+        widened_to_float32(proto), {"x": feeds["x"].astype(np.float32)})["y"])
+
+
+def test_verify_serializes_no_weight(tmp_path, monkeypatch):
+    # Every session had been made from the whole model serialized: a 784 MB model's --verify
+    # took 5 GB and 32 s, 3.4 GB and 20 s now.
+    proto = parse_model("g (float[2,512] x) => (float[2,512] y) { y = MatMul (x, w) }",
+                        w=RNG.standard_normal((512, 512)).astype(np.float32))
+    onnx.save(proto, tmp_path / "m.onnx", save_as_external_data=True, location="m.bin")
+    sizes = []
+    serialize = numerics.serialized
+
+    def measured(model):
+        data = serialize(model)
+        sizes.append(len(data))
+        return data
+
+    monkeypatch.setattr(numerics, "serialized", measured)
+    result = graphopt.optimize(str(tmp_path / "m.onnx"), verify=True)
+    assert result.max_abs_error == {"y": 0.0}
+    assert sizes and max(sizes) < 64 * 1024, sizes  # the weight is 1 MiB
+
+
+def test_compare_maps_the_references_weights_from_its_file(tmp_path, monkeypatch):
+    proto = branchy_model()
+    onnx.save(proto, tmp_path / "m.onnx", save_as_external_data=True, location="m.bin",
+              size_threshold=0)
+    loaded = []
+    load = compare_run.load_external_data_for_tensor
+
+    def counted(tensor, base_dir):
+        loaded.append(tensor.name)
+        load(tensor, base_dir)
+
+    monkeypatch.setattr(compare_run, "load_external_data_for_tensor", counted)
+    report = compare_models(str(tmp_path / "m.onnx"), str(tmp_path / "m.onnx"), FEEDS,
+                            per_tensor=True)
+    assert all(row.passed for row in report.outputs) and report.outputs[0].max_abs == 0
+    # The branches' tensors are loaded (onnxruntime takes only the main graph's as OrtValues)
+    assert "w" not in loaded and "table" not in loaded and "then_w" in loaded
