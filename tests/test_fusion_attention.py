@@ -1697,3 +1697,74 @@ def test_a_key_reshaped_without_its_batch_of_one_still_fuses():
     feeds = numerics.random_feeds(proto, seed=1)
     assert not numerics.compare(numerics.run(proto, feeds), numerics.run(result, feeds),
                                 1e-5, 1e-5)
+
+
+def _upcast_attention(mask: str) -> onnx.ModelProto:
+    """A float16 model's attention as TorchScript exports transformers' eager attention:
+    float16 Q·Kᵀ scaled, made float32, masked (`mask`: "causal" Where fill of float32's
+    lowest, "additive" a float32 [B,1,1,T] input, "none"), Softmax in float32, times float16 V
+    made float32, the heads merged and the result cast back to float16."""
+    half, single = TensorProto.FLOAT16, TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(name, half, [B, N, S, H]) for name in "qkv"]
+    inits = [numpy_helper.from_array(np.float16(0.5), "scale"),
+             numpy_helper.from_array(np.array([B, S, D]), "merged"),
+             numpy_helper.from_array(np.float32(MIN), "fill")]
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "scale"], ["scaled"]),
+             helper.make_node("Cast", ["scaled"], ["scores"], to=single)]
+    if mask == "causal":
+        inits.append(numpy_helper.from_array(np.tril(np.ones((S, S), bool)), "keep"))
+        nodes.append(helper.make_node("Where", ["keep", "scores", "fill"], ["masked"]))
+    elif mask == "additive":
+        inputs.append(helper.make_tensor_value_info("mask", single, [B, 1, 1, S]))
+        nodes.append(helper.make_node("Add", ["scores", "mask"], ["masked"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["scores"], ["masked"]))
+    nodes += [helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+              helper.make_node("Cast", ["v"], ["v32"], to=single),
+              helper.make_node("MatMul", ["probs", "v32"], ["context"]),
+              helper.make_node("Transpose", ["context"], ["heads"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["heads", "merged"], ["joined"]),
+              helper.make_node("Cast", ["joined"], ["y"], to=half)]
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("y", half, [B, S, D])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "additive"])
+def test_float16_attention_upcast_for_its_softmax_fuses_in_float16(mask):
+    # TorchScript's export of a float16 Llama, Mistral, Qwen2, Gemma or Falcon: the scores and
+    # V are cast to float32 around the Softmax, which had kept every such attention unfused.
+    proto = _upcast_attention(mask)
+    result = graphopt.optimize(proto, target="ascend910b")
+    kinds = [n.op_type for n in result.model.graph]
+    assert kinds.count("MultiHeadAttention") == 1 and "Softmax" not in kinds, kinds
+    (mha,) = [n for n in result.model.graph if n.op_type == "MultiHeadAttention"]
+    assert mha.output.dtype == DType.FLOAT16
+    # Its float16 output and the model's own Cast back to float16 meet and cancel.
+    assert kinds.count("Cast") == (1 if mask == "additive" else 0), kinds
+    out = result.to_onnx()
+    onnx.checker.check_model(out)
+    feeds = numerics.random_feeds(proto, seed=7)
+    if mask == "additive":  # keys 4 and 5 of the second sequence are padding
+        feeds["mask"] = np.zeros((B, 1, 1, S), np.float32)
+        feeds["mask"][1, ..., 4:] = MIN
+    expected, actual = (numerics.run(m, feeds)["y"].astype(np.float32) for m in (proto, out))
+    # The original rounds the scores to float16 before its float32 Softmax; the fused kernel
+    # does not: a float16 step of the output's largest magnitude or two.
+    step = float(np.abs(expected).max()) * 2.0 ** -10
+    assert np.abs(actual - expected).max() <= 2 * step
+
+
+def test_upcast_attention_keeps_its_float32_scores_from_float32_q():
+    # Float32 scores cast to float32 again are no float16 model's: the rule leaves them.
+    proto = _upcast_attention("none")
+    for value in proto.graph.input:
+        value.type.tensor_type.elem_type = TensorProto.FLOAT
+    proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.float32(0.5), "scale"))
+    proto.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
+    proto.graph.node[-1].attribute[0].i = TensorProto.FLOAT
+    model, stats, _ = fuse(proto, target="ascend910b")
+    assert "UpcastScaledDotProductAttention" not in stats

@@ -48,7 +48,7 @@ from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.fusion.merge_copies import merge_source
 from graphopt.passes.fusion.packed_heads import PackedHeadSlice, PackedProjectionAttention
 from graphopt.passes.fusion.window_mask import WindowMask
-from graphopt.passes.rules import Rule, RulePass
+from graphopt.passes.rules import Rule, RulePass, _cast_by_onnxruntime, target_refuses
 from graphopt.passes.symbolic_dims import (Dim, Equalities, describe, proven_dims,
                                            value_dims)
 
@@ -556,7 +556,7 @@ class ScaledDotProductAttention(Rule):
                    "runs slower than the MatMul + Softmax it replaces (pin the sequence with " \
                    f"{option('input_shapes')} or {option('dynamic_dims')} to make the mask a " \
                    "constant)"
-        if mask is not None and mask.dtype != q4.dtype:
+        if mask is not None and mask.dtype != self.mask_dtype(q4):
             return f"the additive mask %{mask.name} is not of Q's type, {q4.dtype.short}"
         if cond is not None and cond.dtype != DType.BOOL:
             return f"the Where condition %{cond.name} is not bool"
@@ -565,6 +565,10 @@ class ScaledDotProductAttention(Rule):
         return _bias_problem(mask if mask is not None else cond,
                              [equal.entry(d) for d in dims[0][:3]], equal.entry(dims[2][2]),
                              _declared_dims(model))
+
+    def mask_dtype(self, q4: Value) -> DType | None:
+        """The type an additive mask must have: Q's, as MultiHeadAttention takes its bias."""
+        return q4.dtype
 
     def rewrite(self, op, q4, k, v4, trans_b=0, alpha=1.0, q_scale=None, k_scale=None,
                 mul=None, div=None, mask=None, keep=None, drop=None, fill=None, nan_guard=None,
@@ -594,6 +598,87 @@ class ScaledDotProductAttention(Rule):
         return op.Transpose(heads, perm=list(MERGE_Q))
 
 
+def _to_float(to) -> bool:
+    return to == int(DType.FLOAT)
+
+
+class UpcastScaledDotProductAttention(ScaledDotProductAttention):
+    """softmax over float32 scores of float16 Q·Kᵀ, times float16 V made float32 →
+    float16 com.microsoft::MultiHeadAttention, its output made float32.
+
+    The TorchScript export of a float16 Llama, Mistral, Qwen2 or Gemma (transformers' eager
+    attention: `softmax(scores, dtype=torch.float32)`) casts the scores to float32 before the
+    mask and the Softmax, and V with them, so P·V runs in float32 and is cast back to float16
+    after the head merge. The fused op computes the scores without rounding them to float16
+    first (onnxruntime's CPU kernel runs in float32; an NPU accumulates in float32), and its
+    output rounds to float16 once, where the original's Cast after the merge rounds it: the
+    Cast this rule puts after it and that one then meet and cancel. An additive float32 mask
+    is cast to float16 for the bias: float32's lowest, the exporters' fill, becomes -inf,
+    which masks a key as the lowest did."""
+
+    dtypes = (DType.FLOAT,)
+    device_dtypes = ()
+
+    def pattern(self, op, q4, k, v4):
+        scores = op.Cast(_scores(op, q4, k), to=Attr("to", pred=_to_float))
+        probs = op.Softmax(_masked(op, scores), axis=Attr("axis"))
+        return op.MatMul(_nan_guarded(op, probs),
+                         op.Cast(v4, to=Attr("v_to", pred=_to_float)))
+
+    def unsupported(self, root: Value, target=None) -> str | None:
+        problem = super().unsupported(root, None)  # onnxruntime's kernels, a float32 root
+        if problem:  # the device runs the float16 op: asked of it below, not float32's
+            return problem
+        return target_refuses(target, self.emits, root,
+                              _cast_by_onnxruntime(target, root) or "float16")
+
+    def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, alpha=1.0, q_scale=None,
+              k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None,
+              nan_guard=None, mask2=None):
+        if q4.dtype != DType.FLOAT16:
+            return "the scores made float32 are not float16's"
+        return super().check(q4, k, v4, model, target, axis, trans_b, alpha, q_scale, k_scale,
+                             mask, keep, drop, fill, mul, div, nan_guard, mask2)
+
+    def mask_dtype(self, q4: Value) -> DType | None:
+        return DType.FLOAT  # added to the float32 scores; the rewrite casts it
+
+    def rewrite(self, op, q4, k, v4, to=None, v_to=None, mask=None, **bound):
+        if mask is not None:
+            half = op.Cast(mask, to=int(DType.FLOAT16))
+            half.dtype, half.shape = DType.FLOAT16, mask.shape
+            mask = half
+        heads = super().rewrite(op, q4, k, v4, mask=mask, **bound)
+        heads.dtype = DType.FLOAT16
+        out = op.Cast(heads, to=int(DType.FLOAT))
+        out.dtype = DType.FLOAT
+        return out
+
+
+class HalfThroughReshape(Rule):
+    """Cast(Reshape(Cast(x, float32)), float16) of a float16 x → Reshape(x): float32 holds
+    every float16 exactly, so the two Casts give x back. UpcastScaledDotProductAttention
+    leaves the first after its float16 output, the model's head merge and its own Cast back
+    to float16 follow; without this the Casts stay, and the Reshapes they part do not merge."""
+
+    dtypes = (DType.FLOAT16,)
+
+    def pattern(self, op, x, shape):
+        wide = op.Cast(x, to=Attr("wide", pred=_to_float))
+        return op.Cast(op.Reshape(wide, shape, allowzero=Attr("allowzero", 0)),
+                       to=Attr("back", pred=_to_half))
+
+    def check(self, x, shape, wide=None, back=None, allowzero=0):
+        return None if x.dtype == DType.FLOAT16 else "the value cast to float32 is not float16"
+
+    def rewrite(self, op, x, shape, allowzero=0, **_):
+        return op.Reshape(x, shape, allowzero=allowzero) if allowzero else op.Reshape(x, shape)
+
+
+def _to_half(to) -> bool:
+    return to == int(DType.FLOAT16)
+
+
 def _attention_bias(op, dtype: DType, lengths: tuple, q: Value, v: Value, mask, keep, drop,
                     fill) -> Value | None:
     """The mask as a [B or 1, N or 1, S, T] float bias (None without a mask), `lengths` the
@@ -606,8 +691,10 @@ def _attention_bias(op, dtype: DType, lengths: tuple, q: Value, v: Value, mask, 
         # A float16 fill that does not swallow the scores (float16's lowest under a causal
         # condition, _no_row_masked_whole) is written as -inf: added to a score of +40000,
         # -65504 had left a masked key above a visible one that scored -40000.
-        zero, big = np.array(0, dtype), np.array(value if value <= SWALLOWING_FILL
-                                                  else -np.inf, dtype)
+        # A fill past the bias type's range (float32's lowest in an upcast attention's float16
+        # bias) is -inf too, as a Cast would make it.
+        kept = value <= SWALLOWING_FILL and value >= float(np.finfo(dtype).min)
+        zero, big = np.array(0, dtype), np.array(value if kept else -np.inf, dtype)
         if cond.constant() is not None:
             chosen = np.where(cond.constant(), *((zero, big) if keep is not None else (big, zero)))
             mask = op.const(chosen.astype(dtype))
@@ -769,7 +856,8 @@ class FuseAttention(RulePass):
     description = "scaled dot-product attention (scale, padding/causal masks) into " \
                   "MultiHeadAttention; Q/K/V projections packed into Attention, also where " \
                   "one projection already packs them (ViT's qkv)"
-    rules = (WindowMask, ScaledDotProductAttention, PackedGuardedSelfAttention,
+    rules = (WindowMask, ScaledDotProductAttention, UpcastScaledDotProductAttention,
+             HalfThroughReshape, PackedGuardedSelfAttention,
              PackedSelfAttention, PackedHeadSlice, PackedProjectionAttention,
              GroupQueryCausalAttention, RotaryOnMergedHeads)
 
