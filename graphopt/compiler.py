@@ -429,7 +429,7 @@ def _import(model, options: Options, edits: _SourceEdits, verify: bool,
                                 edits.output_types)
     # The reference for verification (ended at out_nodes), before any pin or pass, and before
     # the inlining of the model's functions, which it then checks too; exported only when
-    # needed since it copies every weight.
+    # needed, its weights lent to onnxruntime rather than copied (lent_weights).
     reference, lent = None, {}
     if verify and inlined and loaded is not ir_model:
         apply_source_edits(loaded, edits.out_nodes, edits.aipp, label, edits.insert_op_conf,

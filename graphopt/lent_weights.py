@@ -32,12 +32,15 @@ def lending(lent: dict[str, Tensor] | None = None) -> Iterator[dict[str, Tensor]
         _LENT.reset(token)
 
 
+def _found(key: str) -> Tensor | None:
+    """The tensor lent under `key`, from the innermost block in force holding it."""
+    return next((lent[key] for lent in reversed(_LENT.get()) if key in lent), None)
+
+
 def _lent(key: str, proto: TensorProto) -> Tensor:
-    """The tensor lent under `key`, from the innermost block holding it."""
-    for lent in reversed(_LENT.get()):
-        tensor = lent.get(key)
-        if tensor is not None:
-            return tensor
+    tensor = _found(key)
+    if tensor is not None:
+        return tensor
     raise RuntimeError(f"initializer '{proto.name}' names lent weights ({key}) that no "
                        "lending block in force holds: a lean model used after its block")
 
@@ -103,8 +106,7 @@ def lent_tensor(tensor: TensorProto) -> Tensor | None:
     """The Tensor a lent weight's reference stands for, found in the blocks in force; None for
     any other tensor: graphopt's import then takes the lent tensor itself, no copy made."""
     key = _key(tensor)
-    return None if key is None else next(
-        (lent[key] for lent in reversed(_LENT.get()) if key in lent), None)
+    return None if key is None else _found(key)
 
 
 def lend_external(model: ModelProto, path: str) -> None:

@@ -62,10 +62,11 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
     # As an .om partition's session (partition_sessions.QDQ_MATMULNBITS_ACCURACY) has it
     for key, value in {QDQ_MATMULNBITS_ACCURACY: "0", **(config or {})}.items():
         options.add_session_config_entry(key, value)
-    lent: list = []
     if isinstance(model, ModelProto):  # its samplers draw the same noise as its compile's
         model = seeded_copy(model) or model
-        names, lent = session_initializers(model)  # weights lent_weights.lean_onnx kept out
+        # The weights lent_weights.lean_onnx kept out of the proto, as OrtValues over graphopt's
+        # arrays, which the session copies as it is made (`lent` keeps them alive till then).
+        names, lent = session_initializers(model)
         if names:
             options.add_external_initializers(names, lent)
     data = serialized(model) if isinstance(model, ModelProto) else model
@@ -83,10 +84,8 @@ def session(model: ModelProto | bytes | str, level: str = "disable", threads: in
             return ort.InferenceSession(path, options,
                                         providers=providers or ["CPUExecutionProvider"],
                                         disabled_optimizers=disabled_optimizers or None)
-    made = ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"],
+    return ort.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"],
                                 disabled_optimizers=disabled_optimizers or None)
-    del lent  # onnxruntime copied them into the session
-    return made
 
 
 # Advice onnxruntime ends some errors with, after the line that says what is wrong.
