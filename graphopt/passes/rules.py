@@ -99,11 +99,11 @@ class Rule:
             # body's dtype (float16 QuickGelu) it expands in turn, nested: that fails to load.
             return "it is inside a SequenceMap body, which onnxruntime expands: contrib ops " \
                    "stay out of it"
-        return target_refuses(target, self.emits, root, _cast_by_onnxruntime(
+        return target_refuses(target, self.emits, root, cast_by_onnxruntime(
             target, root) if root.dtype in self.device_dtypes else None)
 
 
-def _cast_by_onnxruntime(target, root: Value) -> str | None:
+def cast_by_onnxruntime(target, root: Value) -> str | None:
     """"float32" where the target's onnxruntime CPU provider would run the match, whose float32
     kernel it runs between Casts for a float16 `root` (its kernel table lists float32 alone for
     most contrib ops); None elsewhere (a compile without a target refuses no kernel)."""

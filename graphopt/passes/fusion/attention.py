@@ -48,7 +48,7 @@ from graphopt.passes.fusion.matmul import unsafe_scale
 from graphopt.passes.fusion.merge_copies import merge_source
 from graphopt.passes.fusion.packed_heads import PackedHeadSlice, PackedProjectionAttention
 from graphopt.passes.fusion.window_mask import WindowMask
-from graphopt.passes.rules import Rule, RulePass, _cast_by_onnxruntime, target_refuses
+from graphopt.passes.rules import Rule, RulePass, cast_by_onnxruntime, target_refuses
 from graphopt.passes.symbolic_dims import (Dim, Equalities, describe, proven_dims,
                                            value_dims)
 
@@ -602,14 +602,18 @@ def _to_float(to) -> bool:
     return to == int(DType.FLOAT)
 
 
+def _to_half(to) -> bool:
+    return to == int(DType.FLOAT16)
+
+
 class UpcastScaledDotProductAttention(ScaledDotProductAttention):
     """softmax over float32 scores of float16 Q·Kᵀ, times float16 V made float32 →
     float16 com.microsoft::MultiHeadAttention, its output made float32.
 
-    The TorchScript export of a float16 Llama, Mistral, Qwen2 or Gemma (transformers' eager
-    attention: `softmax(scores, dtype=torch.float32)`) casts the scores to float32 before the
-    mask and the Softmax, and V with them, so P·V runs in float32 and is cast back to float16
-    after the head merge. The fused op computes the scores without rounding them to float16
+    The TorchScript export of a float16 Llama, Mistral, Qwen2, Gemma or Falcon
+    (transformers' eager attention: `softmax(scores, dtype=torch.float32)`) casts the scores
+    to float32 before the mask and the Softmax, and V with them, so P·V runs in float32 and is
+    cast back to float16 after the head merge. The fused op computes the scores without rounding them to float16
     first (onnxruntime's CPU kernel runs in float32; an NPU accumulates in float32), and its
     output rounds to float16 once, where the original's Cast after the merge rounds it: the
     Cast this rule puts after it and that one then meet and cancel. An additive float32 mask
@@ -630,7 +634,7 @@ class UpcastScaledDotProductAttention(ScaledDotProductAttention):
         if problem:  # the device runs the float16 op: asked of it below, not float32's
             return problem
         return target_refuses(target, self.emits, root,
-                              _cast_by_onnxruntime(target, root) or "float16")
+                              cast_by_onnxruntime(target, root) or "float16")
 
     def check(self, q4, k, v4, model, target=None, axis=None, trans_b=0, alpha=1.0, q_scale=None,
               k_scale=None, mask=None, keep=None, drop=None, fill=None, mul=None, div=None,
@@ -675,10 +679,6 @@ class HalfThroughReshape(Rule):
         return op.Reshape(x, shape, allowzero=allowzero) if allowzero else op.Reshape(x, shape)
 
 
-def _to_half(to) -> bool:
-    return to == int(DType.FLOAT16)
-
-
 def _attention_bias(op, dtype: DType, lengths: tuple, q: Value, v: Value, mask, keep, drop,
                     fill) -> Value | None:
     """The mask as a [B or 1, N or 1, S, T] float bias (None without a mask), `lengths` the
@@ -690,9 +690,9 @@ def _attention_bias(op, dtype: DType, lengths: tuple, q: Value, v: Value, mask, 
         value = float(fill.reshape(-1)[0])
         # A float16 fill that does not swallow the scores (float16's lowest under a causal
         # condition, _no_row_masked_whole) is written as -inf: added to a score of +40000,
-        # -65504 had left a masked key above a visible one that scored -40000.
-        # A fill past the bias type's range (float32's lowest in an upcast attention's float16
-        # bias) is -inf too, as a Cast would make it.
+        # -65504 had left a masked key above a visible one that scored -40000. So is a fill
+        # past the bias type's range (float32's lowest in an upcast attention's float16 bias),
+        # as a Cast would make it.
         kept = value <= SWALLOWING_FILL and value >= float(np.finfo(dtype).min)
         zero, big = np.array(0, dtype), np.array(value if kept else -np.inf, dtype)
         if cond.constant() is not None:
