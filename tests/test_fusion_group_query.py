@@ -88,6 +88,11 @@ def grouped_attention(mask="add", repeat="in_place", batch=B,
         scores = op("Add", scores, const("bias", np.where(causal, 0, MIN)[None, None]))
     elif mask == "where":
         scores = op("Where", const("keep", causal, np.bool_), scores, const("fill", MIN))
+    elif mask in ("batched", "batched_padding"):  # [B,1,S,S], as a pinned batch expands it
+        bias = np.broadcast_to(np.where(causal, 0, MIN), (batch, 1, S, S)).copy()
+        if mask == "batched_padding":  # the second sequence's last key is padding
+            bias[1, ..., -1] = MIN
+        scores = op("Add", scores, const("bias", bias))
     elif mask == "padding":  # the last key masked for every query: no causal mask
         keep = np.ones((S, S), bool)
         keep[:, -1] = False
@@ -162,6 +167,21 @@ def test_heads_repeated_as_tiles_stay_multi_head_attention():
     # Head n reads K/V head n % G, not n // (N/G): not GroupQueryAttention's grouping.
     counts = compiled(grouped_attention(repeat="tiled"))
     assert counts["MultiHeadAttention"] == 1 and not counts["GroupQueryAttention"]
+
+
+def test_a_causal_mask_expanded_over_the_batch_becomes_group_query_attention():
+    # transformers expands its causal mask to [B, 1, S, S]: at a pinned batch of 2 it folds
+    # to one constant whose every slice is the causal mask, which had kept the block unfused.
+    counts = compiled(grouped_attention("batched"))
+    assert counts["GroupQueryAttention"] == 1 and not counts["MultiHeadAttention"]
+
+
+def test_a_mask_whose_sequences_differ_stays_multi_head_attention():
+    result = graphopt.optimize(grouped_attention("batched_padding"),
+                               trace_rules={"GroupQueryCausalAttention"})
+    kinds = [n.op_type for n in result.model.graph]
+    assert "MultiHeadAttention" in kinds and "GroupQueryAttention" not in kinds
+    assert any("its sequences' masks differ" in line for line in result.traces), result.traces
 
 
 def test_a_mask_that_is_not_causal_stays_multi_head_attention():

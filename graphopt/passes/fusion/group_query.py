@@ -187,10 +187,14 @@ def causal_problem(bias: Value | None, causal: int, length: int) -> str | None:
     data = bias.constant()
     if data is None:
         return f"the attention bias %{bias.name} is not a constant"
-    if data.ndim < 2 or any(d != 1 for d in data.shape[:-2]) \
-            or data.shape[-2:] != (length, length):
+    if data.ndim < 2 or data.shape[-2:] != (length, length):
         return f"the attention bias is {list(data.shape)}, not one [{length}, {length}] mask"
-    square = data.reshape(length, length)
+    # transformers expands the mask over the batch (and heads): one mask repeated is causal.
+    squares = data.reshape(-1, length, length)
+    if any(not np.array_equal(other, squares[0]) for other in squares[1:]):
+        return f"the attention bias is {list(data.shape)}, and its sequences' masks differ " \
+               "(padding): GroupQueryAttention masks every sequence alike"
+    square = squares[0]
     below = np.tril(np.ones((length, length), bool))
     fill = np.finfo(np.float16).min if data.dtype == np.float16 else SWALLOWING_FILL
     if np.any(square[below] != 0) or np.any(square[~below] > fill):
