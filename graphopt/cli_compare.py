@@ -123,6 +123,13 @@ def _pass_log(candidate) -> list:
 
 
 def _cmd_compare(args) -> int:
+    from graphopt.lent_weights import lending
+
+    with lending():  # the reference's weights stay mapped in its data file (compare_run)
+        return _compare(args)
+
+
+def _compare(args) -> int:
     from graphopt.tools.accuracy_rule import accuracy_rule
     from graphopt.tools.compare import compare_models
     from graphopt.tools.compare_format import format_report, report_json, write_csv

@@ -13,6 +13,11 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, numpy_help
 from graphopt.ir import Model, to_onnx
 from graphopt.ir.tensor import REFERENCE_PREFIX, Tensor, inline_tensors, tensor_references
 
+# The element types onnxruntime's binding takes as numpy arrays; the others go as their bits.
+_NUMPY_NATIVE = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64, np.complex64, np.complex128))
+
 # The tensors lent within the `lending` blocks in force, innermost last, by the reference key
 # their protos hold.
 _LENT: ContextVar[tuple[dict[str, Tensor], ...]] = ContextVar("graphopt_lent_weights",
@@ -58,9 +63,13 @@ def lean_onnx(model: Model) -> ModelProto:
         return to_onnx(model)
     with tensor_references() as references:
         proto = to_onnx(model)
+    read = _read_names(proto)
     with inline_tensors():
         for tensor in _nested_tensors(proto):
             _inline_tensor(tensor, references)
+        for tensor in proto.graph.initializer:  # onnxruntime drops those nothing reads
+            if tensor.name not in read:
+                _inline_tensor(tensor, references)
     main = {_key(t) for t in proto.graph.initializer}
     blocks[-1].update((key, tensor) for key, tensor in references.items() if key in main)
     return proto
@@ -120,9 +129,11 @@ def lend_external(model: ModelProto, path: str) -> None:
         return
     from graphopt.ir.onnx_io import checked_external
 
+    read = _read_names(model)
     with tensor_references() as references:
         for index, tensor in enumerate(model.graph.initializer):
-            if tensor.data_location != TensorProto.EXTERNAL or _key(tensor) is not None:
+            if tensor.data_location != TensorProto.EXTERNAL or _key(tensor) is not None \
+                    or tensor.name not in read:
                 continue
             described = TensorProto()
             described.CopyFrom(tensor)  # the Tensor keeps it: the model's own is rewritten
@@ -137,6 +148,25 @@ def external_tensors(model: ModelProto) -> Iterator[TensorProto]:
     for tensor in _all_tensors(model):
         if tensor.data_location == TensorProto.EXTERNAL and _key(tensor) is None:
             yield tensor
+
+
+def _read_names(model: ModelProto) -> set[str]:
+    """The names the main graph's initializers may go by where something reads them: any
+    node's input (in nested graphs too, which read the main graph's by name) and the graph's
+    inputs and outputs. onnxruntime drops an initializer outside these at load, and refuses
+    an OrtValue handed in for it."""
+    names = {v.name for v in (*model.graph.input, *model.graph.output)}
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            names.update(node.input)
+            for attribute in node.attribute:
+                if attribute.type == AttributeProto.GRAPH:
+                    graphs.append(attribute.g)
+                elif attribute.type == AttributeProto.GRAPHS:
+                    graphs.extend(attribute.graphs)
+    return names
 
 
 def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
@@ -196,7 +226,7 @@ def _ort_value(tensor: Tensor) -> ort.OrtValue:
     """An OrtValue over the tensor's data, no copy made (onnxruntime copies it at session
     creation); element types numpy lacks (bfloat16, float8) go as their bits."""
     array = np.ascontiguousarray(tensor.uncached_numpy())
-    if array.dtype.kind in "biufc":
+    if array.dtype in _NUMPY_NATIVE:  # ml_dtypes' float8 types say kind "f" too
         return ort.OrtValue.ortvalue_from_numpy(array)
     bits = array.view(np.dtype(f"u{array.dtype.itemsize}"))
     return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, int(tensor.dtype))
