@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphopt
+from graphopt.errors import InputError
 from graphopt import numerics
 from graphopt.ir import load_onnx, to_onnx
 from graphopt.lent_weights import is_lent, lean_onnx, lending
@@ -171,3 +172,28 @@ def test_the_compare_command_maps_the_references_weights(tmp_path, capsys, monke
     rc, out, err = run_cli(capsys, "compare", tmp_path / "m.onnx", tmp_path / "m.onnx")
     assert rc == 0 and "result: PASS" in out, err
     assert loaded == []  # the CLI read the reference before compare_models' block had begun
+
+
+def test_a_functions_constant_kept_in_a_data_file_is_read_at_import(tmp_path):
+    # onnx.save(..., convert_attribute=True) moves a function's Constant out too; the function
+    # went on as a proto naming that file, which onnxruntime, given the model as bytes, cannot
+    # open: --verify had failed with "External data path ... escapes working directory".
+    constant = helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(
+        RNG.standard_normal((64, 64)).astype(np.float32), "k"))
+    function = helper.make_function("local", "Lin", ["a"], ["b"], [
+        constant, helper.make_node("MatMul", ["a", "k"], ["b"])],
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph = helper.make_graph([helper.make_node("Lin", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])])
+    proto = helper.make_model(graph, functions=[function], ir_version=IR_VERSION,
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("local", 1)])
+    onnx.save(proto, tmp_path / "m.onnx", save_as_external_data=True, location="m.bin",
+              size_threshold=1024, convert_attribute=True)
+    assert (tmp_path / "m.bin").stat().st_size == 64 * 64 * 4
+    result = graphopt.optimize(str(tmp_path / "m.onnx"), verify=True)
+    assert result.max_abs_error == {"y": 0.0}
+    with pytest.raises(InputError, match=r"function local::Lin: tensor 'k' keeps its data "
+                                                   r"in an external file"):
+        graphopt.optimize(onnx.load(tmp_path / "m.onnx", load_external_data=False))

@@ -24,7 +24,7 @@ from graphopt.ir.graph import CycleError, Graph
 from graphopt.ir.model import Model
 from graphopt.ir.node import Node
 from graphopt.ir.shared_parse import parsed
-from graphopt.ir.tensor import ExternalImport, Tensor
+from graphopt.ir.tensor import ExternalImport, Tensor, inline_tensors
 from graphopt.ir.value import NO_METADATA, Value
 
 Scope = Mapping[str, Value]
@@ -276,10 +276,35 @@ class _Importer:
             doc_string=proto.doc_string,
             metadata_props={p.key: p.value for p in proto.metadata_props},
             # Copies: passes edit a function (opset_raise), never the caller's proto.
-            functions=[_copy(function) for function in proto.functions],
+            functions=[self.function(function) for function in proto.functions],
             training_info=list(proto.training_info),
             configuration=list(getattr(proto, "configuration", [])),
         )
+
+    def function(self, proto):
+        """A copy of the model-local function, the data of any tensor it keeps in an external
+        file read into it (a Constant that onnx.save(..., convert_attribute=True) moved out):
+        the function is written as a proto wherever the model goes, and onnxruntime, given a
+        model as bytes, finds no file (--verify had failed on such a model)."""
+        function = _copy(proto)
+        where = f"function {function.domain or 'ai.onnx'}::{function.name}"
+        pending = [list(function.node)]
+        while pending:
+            for node in pending.pop():
+                for attribute in node.attribute:
+                    tensors = [attribute.t] if attribute.HasField("t") else []
+                    tensors += list(attribute.tensors)
+                    for graph in ([attribute.g] if attribute.HasField("g") else []) \
+                            + list(attribute.graphs):
+                        tensors += list(graph.initializer)
+                        pending.append(list(graph.node))
+                    for tensor in tensors:
+                        if tensor.data_location == TensorProto.EXTERNAL:
+                            with inline_tensors():
+                                named = f"{where}: tensor '{tensor.name}'"
+                                tensor.CopyFrom(self.tensor(_copy(tensor), named).to_proto(
+                                    tensor.name or None))
+        return function
 
     def check_function_body(self, function) -> None:
         """Refuse a model-local function whose node reads a name neither its inputs nor an
