@@ -1423,6 +1423,23 @@ def test_a_model_given_in_bfloat16_compiles_for_an_npu_that_runs_it():
             graphopt.optimize(bf16, target=target)
 
 
+def test_a_bfloat16_castlike_left_on_the_host_compiles_as_its_cast_runs():
+    # CastLike has no CPU kernel: onnxruntime runs it as the Cast its function body is, which
+    # takes bfloat16. The host check had refused it for ascend910b ("no bfloat16 kernel").
+    from onnx import TensorProto, helper
+
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("CastLike", ["a", "t"], ["b"]),
+         helper.make_node("Cast", ["b"], ["y"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [helper.make_tensor("t", TensorProto.BFLOAT16, [1], [1.0])]),
+        opset_imports=[helper.make_opsetid("", 15)], ir_version=8)
+    for target in ("cpu", "ascend910b"):
+        result = graphopt.optimize(proto, target=target, verify=True)
+        assert result.max_abs_error == {"y": 0.0}
+
+
 @pytest.mark.parametrize("precision", ["fp16", "mixed-fp16"])
 def test_a_model_below_opset_6_keeps_float32_with_a_note(precision):
     # Cast-1 takes its type as a string: the Casts ConvertPrecision writes, numbered, made the

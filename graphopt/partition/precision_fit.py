@@ -52,7 +52,9 @@ def check_host_bfloat16(partitioning, options, model, log=None) -> None:
         if device.kind != "cpu":
             continue
         for node in part.nodes:
-            if node.op_type == "Cast" or not _reads_or_writes(node, DType.BFLOAT16):
+            # CastLike has no kernel: onnxruntime runs it as the Cast its function body is.
+            if node.op_type in ("Cast", "CastLike") and node.is_onnx \
+                    or not _reads_or_writes(node, DType.BFLOAT16):
                 continue
             function = functions.get((node.domain, node.op_type))
             # onnxruntime inlines a model-local function (an -O3 elementwise group) when it
