@@ -1719,6 +1719,11 @@ def _upcast_attention(mask: str) -> onnx.ModelProto:
     elif mask == "additive":
         inputs.append(helper.make_tensor_value_info("mask", single, [B, 1, 1, S]))
         nodes.append(helper.make_node("Add", ["scores", "mask"], ["masked"]))
+    elif mask == "constant":  # a causal bias of float32's lowest, as a pinned export folds it
+        inits.append(numpy_helper.from_array(
+            np.where(np.tril(np.ones((S, S), bool)), 0, MIN).astype(np.float32)[None, None],
+            "bias"))
+        nodes.append(helper.make_node("Add", ["scores", "bias"], ["masked"]))
     else:
         nodes.append(helper.make_node("Identity", ["scores"], ["masked"]))
     nodes += [helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
@@ -1733,7 +1738,7 @@ def _upcast_attention(mask: str) -> onnx.ModelProto:
                              ir_version=IR_VERSION)
 
 
-@pytest.mark.parametrize("mask", ["none", "causal", "additive"])
+@pytest.mark.parametrize("mask", ["none", "causal", "additive", "constant"])
 def test_float16_attention_upcast_for_its_softmax_fuses_in_float16(mask):
     # TorchScript's export of a float16 Llama, Mistral, Qwen2, Gemma or Falcon: the scores and
     # V are cast to float32 around the Softmax, which had kept every such attention unfused.
@@ -1756,6 +1761,19 @@ def test_float16_attention_upcast_for_its_softmax_fuses_in_float16(mask):
     # does not: a float16 step of the output's largest magnitude or two.
     step = float(np.abs(expected).max()) * 2.0 ** -10
     assert np.abs(actual - expected).max() <= 2 * step
+
+
+def test_an_upcast_attentions_constant_mask_becomes_a_constant_float16_bias():
+    # Cast at once rather than by a Cast node, so that GroupQueryCausalAttention, which reads
+    # only a constant causal bias, takes it next (a float16 Llama export pinned to batch 2 had
+    # kept MultiHeadAttention: "the attention bias %cast is not a constant").
+    model, stats, _ = fuse(_upcast_attention("constant"), target="ascend910b")
+    assert stats.get("UpcastScaledDotProductAttention") == 1
+    (mha,) = [n for n in model.graph if n.op_type == "MultiHeadAttention"]
+    bias = mha.input(5).constant()
+    assert bias is not None and bias.dtype == np.float16
+    above = ~np.tril(np.ones((S, S), bool))
+    assert np.isneginf(bias.reshape(S, S)[above]).all() and (bias.reshape(S, S)[~above] == 0).all()
 
 
 def test_upcast_attention_keeps_its_float32_scores_from_float32_q():

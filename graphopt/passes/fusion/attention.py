@@ -648,7 +648,11 @@ class UpcastScaledDotProductAttention(ScaledDotProductAttention):
         return DType.FLOAT  # added to the float32 scores; the rewrite casts it
 
     def rewrite(self, op, q4, k, v4, to=None, v_to=None, mask=None, **bound):
-        if mask is not None:
+        if mask is not None and mask.constant() is not None:
+            # Cast now, so the bias is a constant that GroupQueryCausalAttention reads.
+            with np.errstate(over="ignore"):  # float32's lowest is float16's -inf
+                mask = op.const(mask.constant().astype(np.float16))
+        elif mask is not None:
             half = op.Cast(mask, to=int(DType.FLOAT16))
             half.dtype, half.shape = DType.FLOAT16, mask.shape
             mask = half
