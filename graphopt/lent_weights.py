@@ -8,9 +8,10 @@ from contextvars import ContextVar
 
 import numpy as np
 import onnxruntime as ort
-from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, numpy_helper
+from onnx import AttributeProto, ModelProto, TensorProto, numpy_helper
 
 from graphopt.ir import Model, to_onnx
+from graphopt.ir.onnx_io import node_tensors
 from graphopt.ir.tensor import REFERENCE_PREFIX, Tensor, inline_tensors, tensor_references
 
 # The element types onnxruntime's binding takes as numpy arrays; the others go as their bits.
@@ -178,28 +179,9 @@ def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
 def _nested_tensors(model: ModelProto) -> Iterator[TensorProto]:
     """Every tensor of `model` but the main graph's initializers: attributes', and those of
     nested graphs and functions."""
-    def in_attributes(attributes) -> Iterator[TensorProto]:
-        for attribute in attributes:
-            if attribute.type == AttributeProto.TENSOR:
-                yield attribute.t
-            elif attribute.type == AttributeProto.TENSORS:
-                yield from attribute.tensors
-            elif attribute.type == AttributeProto.GRAPH:
-                yield from in_graph(attribute.g)
-            elif attribute.type == AttributeProto.GRAPHS:
-                for graph in attribute.graphs:
-                    yield from in_graph(graph)
-
-    def in_graph(graph: GraphProto) -> Iterator[TensorProto]:
-        yield from graph.initializer
-        for node in graph.node:
-            yield from in_attributes(node.attribute)
-
-    for node in model.graph.node:
-        yield from in_attributes(node.attribute)
+    yield from node_tensors(model.graph.node)
     for function in model.functions:
-        for node in function.node:
-            yield from in_attributes(node.attribute)
+        yield from node_tensors(function.node)
 
 
 def is_lent(tensor: TensorProto) -> bool:

@@ -172,21 +172,29 @@ def checked_external(proto: TensorProto, model_path: str, where: str) -> Tensor:
         raise importer.error(f"{where}: {e}") from None
 
 
+def node_tensors(nodes) -> Iterator[TensorProto]:
+    """Every tensor the nodes' attributes hold, and every initializer and attribute tensor of
+    the graphs they nest, as protos (edited in place by a caller that rewrites them)."""
+    pending = [list(nodes)]
+    while pending:
+        for node in pending.pop():
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                for graph in ([attribute.g] if attribute.HasField("g") else []) \
+                        + list(attribute.graphs):
+                    yield from graph.initializer
+                    pending.append(list(graph.node))
+
+
 def check_no_external_references(proto: ModelProto) -> None:
     """InputError when a caller's in-memory model keeps data in an external file: the proto
     names no folder to find it in (load_onnx refuses it the same way)."""
-    graphs = [proto.graph]
-    while graphs:
-        graph = graphs.pop()
-        tensors = list(graph.initializer)
-        for node in graph.node:
-            for attr in node.attribute:
-                tensors += ([attr.t] if attr.HasField("t") else []) + list(attr.tensors)
-                graphs += ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
-        for tensor in tensors:
-            if tensor.data_location == TensorProto.EXTERNAL:
-                _Importer("<model>", external_ok=False)._check_external(
-                    tensor, f"tensor {tensor.name!r}")
+    for tensor in (*proto.graph.initializer, *node_tensors(proto.graph.node)):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            _Importer("<model>", external_ok=False)._check_external(
+                tensor, f"tensor {tensor.name!r}")
 
 
 class _Importer:
@@ -288,22 +296,11 @@ class _Importer:
         model as bytes, finds no file (--verify had failed on such a model)."""
         function = _copy(proto)
         where = f"function {function.domain or 'ai.onnx'}::{function.name}"
-        pending = [list(function.node)]
-        while pending:
-            for node in pending.pop():
-                for attribute in node.attribute:
-                    tensors = [attribute.t] if attribute.HasField("t") else []
-                    tensors += list(attribute.tensors)
-                    for graph in ([attribute.g] if attribute.HasField("g") else []) \
-                            + list(attribute.graphs):
-                        tensors += list(graph.initializer)
-                        pending.append(list(graph.node))
-                    for tensor in tensors:
-                        if tensor.data_location == TensorProto.EXTERNAL:
-                            with inline_tensors():
-                                named = f"{where}: tensor '{tensor.name}'"
-                                tensor.CopyFrom(self.tensor(_copy(tensor), named).to_proto(
-                                    tensor.name or None))
+        for tensor in list(node_tensors(function.node)):
+            if tensor.data_location == TensorProto.EXTERNAL:
+                with inline_tensors():
+                    read = self.tensor(_copy(tensor), f"{where}: tensor '{tensor.name}'")
+                    tensor.CopyFrom(read.to_proto(tensor.name or None))
         return function
 
     def check_function_body(self, function) -> None:
